@@ -1,0 +1,11 @@
+"""infinibatch_like: checkpointable, composable iterators for randomized data loading.
+
+A drop-in replacement for infinibatch 0.1.1: ``import infinibatch_like`` provides every
+iterator of `infinibatch_like.iterators`.
+"""
+
+from .iterators import *  # noqa: F403
+from .iterators import __all__ as _iterator_names
+
+__version__ = "0.1.0"
+__all__ = [*_iterator_names, "__version__"]

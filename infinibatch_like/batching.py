@@ -1,0 +1,189 @@
+"""Batching: fixed-size batches and bucketed batches of similar items with dynamic sizes."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterator
+from itertools import islice
+from typing import Any, ClassVar
+
+from ._base import (
+    CheckpointableIterator,
+    Stage,
+    State,
+    fast_iterator,
+    require_callable,
+    require_checkpointable,
+    require_int,
+)
+from ._rng import CountingRandom, Seed, adopt_seed, resolve_seed
+
+
+class FixedBatchIterator(Stage[list[Any]]):
+    """Yields lists of `batch_size` consecutive items; the last one may be shorter.
+
+    Checkpoint:
+        ``{"source"}``: the source's state at the start of the next batch. Nothing is
+        re-read.
+    """
+
+    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"source": dict}
+
+    def __init__(self, source_iterator: CheckpointableIterator[Any], batch_size: int) -> None:
+        require_checkpointable("FixedBatchIterator", "source_iterator", source_iterator)
+        self._batch_size = require_int("FixedBatchIterator", "batch_size", batch_size, 1)
+        self._source = source_iterator
+        self._sources = (source_iterator,)
+        self._restore(None)
+
+    def _state(self) -> State:
+        return {"source": self._source.getstate()}
+
+    def _restore(self, state: State | None) -> None:
+        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self._iterator = self._generate()
+
+    def _generate(self) -> Iterator[list[Any]]:
+        pull, size = fast_iterator(self._source), self._batch_size
+        while batch := list(islice(pull, size)):
+            yield batch
+
+
+BatchSize = int | Callable[[Any], int]
+
+
+class BucketedReadaheadBatchIterator(Stage[list[Any]]):
+    """Reads `read_ahead` items at a time, sorts them by `key` (descending, stable) and cuts
+    them into batches, whose order is then shuffled.
+
+    Batches are cut greedily: a new batch starts when the current one is full, or, with
+    `boundary_key`, when the boundary key of the next item differs from the previous
+    item's. An int `batch_size` is fixed; a callable is called with the first (largest)
+    item of each new batch and returns that batch's capacity (below 1 counts as 1). A
+    short last read-ahead window is batched too; then iteration ends.
+
+    Args:
+        source_iterator: the source; it is reset.
+        read_ahead: items per window, >= 1.
+        key: sort key (batches hold items of similar key); None keeps the source order.
+        batch_size: int >= 1, or a callable as above.
+        boundary_key: optional; items with different boundary keys never share a batch.
+        shuffle: shuffle each window's batches with one continuing ``Random(seed)``.
+        seed: the seed; None draws one (kept in checkpoints).
+
+    Checkpoint:
+        ``{"source", "seed", "draws", "emitted"}``: the source's state at the start of the
+        current window, the generator's position before shuffling its batches and how many
+        of them were yielded. No items; a restore re-reads one window from the source.
+    """
+
+    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+        "source": dict,
+        "seed": (int, str),
+        "draws": int,
+        "emitted": int,
+    }
+
+    def __init__(
+        self,
+        source_iterator: CheckpointableIterator[Any],
+        read_ahead: int,
+        key: Callable[[Any], Any] | None,
+        batch_size: BatchSize,
+        boundary_key: Callable[[Any], Any] | None = None,
+        shuffle: bool = True,
+        seed: Seed | None = 0,
+    ) -> None:
+        owner = "BucketedReadaheadBatchIterator"
+        require_checkpointable(owner, "source_iterator", source_iterator)
+        self._read_ahead = require_int(owner, "read_ahead", read_ahead, 1)
+        if key is not None:
+            require_callable(owner, "key", key)
+        if isinstance(batch_size, int):
+            require_int(owner, "batch_size", batch_size, 1)
+        else:
+            require_callable(owner, "batch_size", batch_size)
+        if boundary_key is not None:
+            require_callable(owner, "boundary_key", boundary_key)
+        self._key, self._batch_size, self._boundary_key = key, batch_size, boundary_key
+        self._shuffle = bool(shuffle)
+        self._seed, self._seed_drawn = resolve_seed(owner, seed)
+        self._source = source_iterator
+        self._sources = (source_iterator,)
+        self._restore(None)
+
+    def _state(self) -> State:
+        return {
+            "source": self._anchor,
+            "seed": self._seed,
+            "draws": self._draws,
+            "emitted": self._window_length - operator.length_hint(self._window),
+        }
+
+    def _restore(self, state: State | None) -> None:
+        if state is None:
+            self.restore_source(self._source, None, "source")
+            self._anchor, self._draws, emitted = self._source.getstate(), 0, 0
+        else:
+            self.restore_source(self._source, state["source"], "source")
+            self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
+            self._anchor, self._draws, emitted = state["source"], state["draws"], state["emitted"]
+            if self._draws < 0 or emitted < 0:
+                raise self.mismatch(f"'draws' {self._draws} and 'emitted' {emitted} must be >= 0")
+        self._window: Iterator[list[Any]] = iter(())
+        self._window_length = emitted  # until the window is read again, `emitted` is kept
+        self._iterator = self._generate(emitted)
+
+    def _generate(self, skip: int) -> Iterator[list[Any]]:
+        source, read_ahead = self._source, self._read_ahead
+        pull = fast_iterator(source)
+        rng = CountingRandom.at(self._seed, self._draws)
+        while True:
+            items = list(islice(pull, read_ahead))
+            batches = self._cut(items)
+            if len(batches) < skip:
+                raise self.mismatch(
+                    f"the checkpoint skips {skip} batches of a window, but it has {len(batches)}"
+                )
+            if self._shuffle:
+                rng.shuffle(batches)
+            window = iter(batches)
+            window.__setstate__(skip)  # type: ignore[attr-defined]
+            skip = 0
+            self._window, self._window_length = window, len(batches)
+            yield from window
+            if len(items) < read_ahead:
+                return
+            self._anchor, self._draws = source.getstate(), rng.draws
+            self._window, self._window_length = iter(()), 0
+
+    def _cut(self, items: list[Any]) -> list[list[Any]]:
+        """The window's batches, largest keys first."""
+        key, boundary_key, batch_size = self._key, self._boundary_key, self._batch_size
+        if key is not None:
+            items.sort(key=key, reverse=True)
+        fixed = batch_size if isinstance(batch_size, int) else None
+        batches: list[list[Any]] = []
+        batch: list[Any] = []
+        capacity: Any = 0
+        previous: Any = None
+        for item in items:
+            if boundary_key is not None:
+                boundary = boundary_key(item)
+                if boundary is None:
+                    raise ValueError(
+                        f"BucketedReadaheadBatchIterator: boundary_key returned None for {item!r}"
+                    )
+                if batch and boundary != previous:
+                    batches.append(batch)
+                    batch = []
+                previous = boundary
+            if not batch:
+                capacity = fixed if fixed is not None else batch_size(item)  # type: ignore[operator]
+            batch.append(item)
+            if len(batch) >= capacity:
+                batches.append(batch)
+                batch = []
+        if batch:
+            batches.append(batch)
+        return batches

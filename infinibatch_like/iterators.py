@@ -1,0 +1,102 @@
+"""infinibatch-compatible face: every iterator under the names of ``infinibatch.iterators``.
+
+``from infinibatch_like.iterators import *`` also provides the helper names that
+infinibatch's star import leaks and that user code relies on (``Random``, ``Iterator``,
+``islice`` and the typing names).
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import copy
+from abc import abstractmethod
+from itertools import cycle, islice
+from random import Random
+from typing import (  # noqa: UP035 - infinibatch's star import provides these names
+    Any,
+    Callable,
+    Dict,
+    Generator,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Tuple,
+    Union,
+    cast,
+)
+
+from ._base import CheckpointableIterator, StateMismatchError
+from .batching import BucketedReadaheadBatchIterator, FixedBatchIterator
+from .flatten import SelectManyIterator
+from .mapping import MapIterator, SamplingRandomMapIterator
+from .multiplex import MultiplexIterator, MultiplexSourceExhaustedError, ZipIterator
+from .recurrent import RecurrentIterator
+from .shuffle import BlockwiseShuffleIterator, BufferedShuffleIterator
+from .sources import (
+    ChunkedSourceIterator,
+    InfinitePermutationSourceIterator,
+    NativeCheckpointableIterator,
+    RandomIterator,
+    create_source_iterator,
+)
+from .windowing import WindowedIterator
+
+
+def _advance_iterator(iterator: Iterator[Any], n: int) -> int:
+    """Advance `iterator` by `n` items and return `n`.
+
+    Raises:
+        RuntimeError: if the iterator ends before `n` items.
+    """
+    for index in range(n):
+        try:
+            next(iterator)
+        except StopIteration:
+            raise RuntimeError(
+                f"_advance_iterator: the iterator ended after {index} of {n} items"
+            ) from None
+    return n
+
+
+__all__ = [
+    # the iterators
+    "BlockwiseShuffleIterator",
+    "BucketedReadaheadBatchIterator",
+    "BufferedShuffleIterator",
+    "CheckpointableIterator",
+    "ChunkedSourceIterator",
+    "FixedBatchIterator",
+    "InfinitePermutationSourceIterator",
+    "MapIterator",
+    "MultiplexIterator",
+    "NativeCheckpointableIterator",
+    "RandomIterator",
+    "RecurrentIterator",
+    "SamplingRandomMapIterator",
+    "SelectManyIterator",
+    "WindowedIterator",
+    "ZipIterator",
+    "create_source_iterator",
+    # this library's errors
+    "MultiplexSourceExhaustedError",
+    "StateMismatchError",
+    # names that infinibatch's star import leaks and user code relies on
+    "Any",
+    "Callable",
+    "Dict",
+    "Generator",
+    "Iterable",
+    "Iterator",
+    "List",
+    "Optional",
+    "Random",
+    "Tuple",
+    "Union",
+    "abstractmethod",
+    "cast",
+    "collections",
+    "copy",
+    "cycle",
+    "islice",
+]

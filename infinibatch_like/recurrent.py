@@ -1,0 +1,68 @@
+"""Stateful transforms: each output depends on the items before it."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
+
+from ._base import (
+    CheckpointableIterator,
+    Stage,
+    State,
+    fast_iterator,
+    require_callable,
+    require_checkpointable,
+)
+
+
+class RecurrentIterator(Stage[Any]):
+    """Threads a state through the items: ``state, output = step_function(state, item)``.
+
+    Args:
+        source_iterator: the source; it is reset.
+        step_function: ``(state, item) -> (new_state, output)``.
+        initial_state: the state before the first item (deep-copied).
+
+    Checkpoint:
+        ``{"source", "recurrent_state"}``: the source's state and a deep copy of the
+        recurrent state, which must be plain data for JSON checkpoints. Nothing is re-read.
+    """
+
+    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+        "source": dict,
+        "recurrent_state": object,
+    }
+
+    def __init__(
+        self,
+        source_iterator: CheckpointableIterator[Any],
+        step_function: Callable[[Any, Any], tuple[Any, Any]],
+        initial_state: Any = None,
+    ) -> None:
+        require_checkpointable("RecurrentIterator", "source_iterator", source_iterator)
+        require_callable("RecurrentIterator", "step_function", step_function)
+        self._source = source_iterator
+        self._sources = (source_iterator,)
+        self._step = step_function
+        self._initial_state = copy.deepcopy(initial_state)
+        self._restore(None)
+
+    def _state(self) -> State:
+        return {
+            "source": self._source.getstate(),
+            "recurrent_state": copy.deepcopy(self._recurrent_state),
+        }
+
+    def _restore(self, state: State | None) -> None:
+        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self._recurrent_state = copy.deepcopy(
+            self._initial_state if state is None else state["recurrent_state"]
+        )
+        self._iterator = self._generate()
+
+    def _generate(self) -> Iterator[Any]:
+        step = self._step
+        for item in fast_iterator(self._source):
+            self._recurrent_state, output = step(self._recurrent_state, item)
+            yield output

@@ -1,0 +1,211 @@
+"""Shuffling streams that do not fit in memory: block-wise and through a random buffer."""
+
+from __future__ import annotations
+
+import operator
+import random
+from collections.abc import Iterator
+from itertools import islice
+from typing import Any, ClassVar
+
+from ._base import (
+    CheckpointableIterator,
+    Stage,
+    State,
+    fast_iterator,
+    require_checkpointable,
+    require_int,
+)
+from ._rng import CountingRandom, Seed, adopt_seed, resolve_seed
+
+_c_getrandbits = random.Random.getrandbits
+
+
+class BlockwiseShuffleIterator(Stage[Any]):
+    """Cuts the source into consecutive blocks of `block_size` items and yields each block
+    shuffled (one continuing ``random.Random(seed)`` shuffles them all).
+
+    10 items, block 4, seed 0 give 2, 0, 1, 3, 4, 5, 7, 6, 8, 9. An item moves at most
+    ``block_size - 1`` places; memory holds one block.
+
+    Args:
+        source_iterator: the source; it is reset.
+        block_size: items per block, >= 1.
+        seed: seed of the shuffles; None draws one (kept in checkpoints).
+
+    Checkpoint:
+        ``{"source", "seed", "draws", "consumed"}``: the source's state at the start of the
+        current block, the generator's position before shuffling it and how many of its
+        items were yielded. No items; a restore re-reads the current block from the source.
+    """
+
+    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+        "source": dict,
+        "seed": (int, str),
+        "draws": int,
+        "consumed": int,
+    }
+
+    def __init__(
+        self,
+        source_iterator: CheckpointableIterator[Any],
+        block_size: int,
+        seed: Seed | None = 0,
+    ) -> None:
+        require_checkpointable("BlockwiseShuffleIterator", "source_iterator", source_iterator)
+        self._block_size = require_int("BlockwiseShuffleIterator", "block_size", block_size, 1)
+        self._seed, self._seed_drawn = resolve_seed("BlockwiseShuffleIterator", seed)
+        self._source = source_iterator
+        self._sources = (source_iterator,)
+        self._restore(None)
+
+    def _state(self) -> State:
+        return {
+            "source": self._anchor,
+            "seed": self._seed,
+            "draws": self._draws,
+            "consumed": self._block_length - operator.length_hint(self._block),
+        }
+
+    def _restore(self, state: State | None) -> None:
+        if state is None:
+            self.restore_source(self._source, None, "source")
+            self._anchor, self._draws, consumed = self._source.getstate(), 0, 0
+        else:
+            self.restore_source(self._source, state["source"], "source")
+            self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
+            self._anchor, self._draws, consumed = state["source"], state["draws"], state["consumed"]
+            if self._draws < 0 or not 0 <= consumed <= self._block_size:
+                raise self.mismatch(
+                    f"'draws' {self._draws} and 'consumed' {consumed} are out of range"
+                )
+        self._block: Iterator[Any] = iter(())
+        self._block_length = consumed  # until the block is read again, `consumed` is kept
+        self._iterator = self._generate(consumed)
+
+    def _generate(self, skip: int) -> Iterator[Any]:
+        source, size = self._source, self._block_size
+        pull = fast_iterator(source)
+        rng = CountingRandom.at(self._seed, self._draws)
+        while True:
+            block = list(islice(pull, size))
+            if len(block) < skip:
+                raise self.mismatch(
+                    f"the checkpoint skips {skip} items of a block, but it has {len(block)}"
+                )
+            if not block:
+                return
+            rng.shuffle(block)
+            iterator = iter(block)
+            iterator.__setstate__(skip)  # type: ignore[attr-defined]
+            skip = 0
+            self._block, self._block_length = iterator, len(block)
+            yield from iterator
+            self._anchor, self._draws = source.getstate(), rng.draws
+            self._block, self._block_length = iter(()), 0
+
+
+class BufferedShuffleIterator(Stage[Any]):
+    """Shuffles through a buffer of `buffer_size` slots: each new item goes into a random
+    slot (``randrange(buffer_size)`` of one ``random.Random(seed)``) and the slot's
+    previous item, if any, is yielded. When the source ends, the remaining items are
+    yielded from the last slot to the first.
+
+    Unlike infinibatch, None items are kept (infinibatch uses None for an empty slot and
+    drops them); otherwise the order is infinibatch's.
+
+    Checkpoint:
+        ``{"source", "seed", "draws", "buffer", "empty"}``: the source's state, the
+        generator's position and the buffer itself: the items in the slots (a shallow copy:
+        do not modify yielded items in place while keeping the state; for JSON checkpoints
+        the items must be plain data) and the indices of the empty slots. The state grows
+        with `buffer_size`, not with the position; a restore re-reads nothing.
+    """
+
+    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+        "source": dict,
+        "seed": (int, str),
+        "draws": int,
+        "buffer": list,
+        "empty": list,
+    }
+
+    def __init__(
+        self,
+        source_iterator: CheckpointableIterator[Any],
+        buffer_size: int,
+        seed: Seed | None = 0,
+    ) -> None:
+        require_checkpointable("BufferedShuffleIterator", "source_iterator", source_iterator)
+        self._size = require_int("BufferedShuffleIterator", "buffer_size", buffer_size, 1)
+        self._seed, self._seed_drawn = resolve_seed("BufferedShuffleIterator", seed)
+        self._source = source_iterator
+        self._sources = (source_iterator,)
+        self._restore(None)
+
+    def _state(self) -> State:
+        buffer = self._buffer
+        empty = [index for index, item in enumerate(buffer) if item is _EMPTY]
+        items = list(buffer)
+        for index in empty:
+            items[index] = None
+        return {
+            "source": self._source.getstate(),
+            "seed": self._seed,
+            "draws": self._rng.draws,
+            "buffer": items,
+            "empty": empty,
+        }
+
+    def _restore(self, state: State | None) -> None:
+        self.restore_source(self._source, None if state is None else state["source"], "source")
+        if state is None:
+            self._buffer: list[Any] = [_EMPTY] * self._size
+            self._rng = CountingRandom(self._seed)
+        else:
+            self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
+            buffer, empty = list(state["buffer"]), state["empty"]
+            if len(buffer) > self._size or state["draws"] < 0:
+                raise self.mismatch(
+                    f"the checkpoint's buffer holds {len(buffer)} slots and 'draws' is "
+                    f"{state['draws']}; this stage has {self._size} slots"
+                )
+            for index in empty:
+                if not isinstance(index, int) or not 0 <= index < len(buffer):
+                    raise self.mismatch(f"empty-slot index {index!r} is out of range")
+                buffer[index] = _EMPTY
+            self._buffer = buffer
+            self._rng = CountingRandom.at(self._seed, state["draws"])
+        self._iterator = self._generate()
+
+    def _generate(self) -> Iterator[Any]:
+        buffer, rng, size = self._buffer, self._rng, self._size
+        bits = size.bit_length()
+        # A buffer shorter than `size` comes from a checkpoint taken while emptying it,
+        # after the source ended.
+        source_items = fast_iterator(self._source) if len(buffer) == size else iter(())
+        for item in source_items:
+            index = _c_getrandbits(rng, bits)
+            words = 1
+            while index >= size:
+                index = _c_getrandbits(rng, bits)
+                words += 1
+            rng.draws += words
+            previous = buffer[index]
+            buffer[index] = item
+            if previous is not _EMPTY:
+                yield previous
+        while buffer:
+            previous = buffer.pop()
+            if previous is not _EMPTY:
+                yield previous
+
+
+class _Empty:
+    """Marks an empty buffer slot (None is a valid item)."""
+
+    def __repr__(self) -> str:
+        return "<empty slot>"
+
+
+_EMPTY: Any = _Empty()

@@ -1,0 +1,263 @@
+"""Source stages: where a pipeline's items come from."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, ClassVar
+
+from ._base import Stage, State, require_int, skip_items
+from ._rng import CountingRandom, Seed, adopt_seed, resolve_seed
+
+_INDEXED = (list, tuple, range)
+
+
+class NativeCheckpointableIterator(Stage[Any]):
+    """Iterates over a re-iterable collection (a list, a tuple, a range, or any iterable
+    whose ``iter()`` starts over).
+
+    Args:
+        iterable: the collection. An iterator (``iter(x) is x``) cannot be restarted and
+            raises ValueError. Do not modify the collection while iterating.
+
+    Checkpoint:
+        ``{"consumed": n}``, the number of items yielded. A restore of a list, tuple or
+        range jumps there directly; any other iterable is iterated again and n items are
+        skipped.
+    """
+
+    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"consumed": int}
+
+    def __init__(self, iterable: Iterable[Any]) -> None:
+        if iter(iterable) is iterable:
+            raise ValueError(
+                "NativeCheckpointableIterator: iterable must be re-iterable, got an iterator "
+                f"({type(iterable).__name__}), which cannot be restarted after a restore"
+            )
+        self._iterable = iterable
+        self._indexed = type(iterable) in _INDEXED
+        self._consumed = 0
+        self._restore(None)
+
+    def _state(self) -> State:
+        if self._indexed:
+            iterable: Sequence[Any] = self._iterable  # type: ignore[assignment]
+            return {"consumed": len(iterable) - operator.length_hint(self._iterator)}
+        return {"consumed": self._consumed}
+
+    def _restore(self, state: State | None) -> None:
+        consumed = 0 if state is None else state["consumed"]
+        if consumed < 0:
+            raise self.mismatch(f"'consumed' must be >= 0, got {consumed}")
+        iterator = iter(self._iterable)
+        if self._indexed:
+            length = len(self._iterable)  # type: ignore[arg-type]
+            if consumed > length:
+                raise self.mismatch(
+                    f"the checkpoint skips {consumed} items, but the iterable has {length}"
+                )
+            iterator.__setstate__(consumed)  # type: ignore[attr-defined]
+            self._iterator = iterator
+        else:
+            skip_items(self, iterator, consumed, "the iterable")
+            self._consumed = consumed
+            self._iterator = self._counting(iterator)
+
+    def _counting(self, iterator: Iterator[Any]) -> Iterator[Any]:
+        for item in iterator:
+            self._consumed += 1
+            yield item
+
+
+def ChunkedSourceIterator(
+    source_items: Sequence[Any], num_instances: int = 1, instance_rank: int = 0
+) -> NativeCheckpointableIterator:
+    """One pass over this rank's contiguous share of `source_items`.
+
+    The list is cut into `num_instances` consecutive parts whose sizes differ by at most
+    one, the first ``len % num_instances`` parts holding the extra item (7 items over 3
+    ranks: [0, 1, 2], [3, 4], [5, 6]). Concatenating the ranks' outputs in rank order gives
+    the list in order.
+
+    Raises:
+        ValueError: if `instance_rank` is not in ``range(num_instances)``.
+
+    Checkpoint:
+        That of `NativeCheckpointableIterator`; a restore jumps to the position directly.
+    """
+    num_instances, instance_rank = _check_rank(
+        "ChunkedSourceIterator", num_instances, instance_rank
+    )
+    base, extra = divmod(len(source_items), num_instances)
+
+    def start(rank: int) -> int:
+        return rank * base + min(rank, extra)
+
+    return NativeCheckpointableIterator(
+        list(source_items[start(instance_rank) : start(instance_rank + 1)])
+    )
+
+
+class InfinitePermutationSourceIterator(Stage[Any]):
+    """Endless passes over a list, reshuffled before every pass, strided over ranks.
+
+    Conceptually the stream P0 + P1 + P2 + ..., where Pk is the list shuffled by the k-th
+    ``shuffle`` of one ``random.Random(seed)`` (each pass shuffles a fresh copy of the
+    original order); rank r takes positions r, r + n, r + 2n, ... of that stream. With
+    ``shuffle=False`` each pass is the list in order (a strided cycle).
+
+    Args:
+        source_items: the items (e.g. chunk file names); must not be empty.
+        seed: seed of the shuffles; None draws one (kept in checkpoints).
+        shuffle: reshuffle before each pass.
+        num_instances, instance_rank: the number of ranks and this rank.
+
+    Checkpoint:
+        ``{"seed", "position", "draws"}``: the next position in the concatenated stream and
+        the generator position before the current pass's shuffle. Constant size; a
+        restore draws `draws` words (C speed) and shuffles one copy of the list.
+    """
+
+    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+        "seed": (int, str),
+        "position": int,
+        "draws": int,
+    }
+
+    def __init__(
+        self,
+        source_items: Sequence[Any],
+        seed: Seed | None = 0,
+        shuffle: bool = True,
+        num_instances: int = 1,
+        instance_rank: int = 0,
+    ) -> None:
+        if len(source_items) == 0:
+            raise ValueError("InfinitePermutationSourceIterator: source_items must not be empty")
+        self._num_instances, self._instance_rank = _check_rank(
+            "InfinitePermutationSourceIterator", num_instances, instance_rank
+        )
+        self._items = list(source_items)
+        self._shuffle = bool(shuffle)
+        self._seed, self._seed_drawn = resolve_seed("InfinitePermutationSourceIterator", seed)
+        self._restore(None)
+
+    def _state(self) -> State:
+        return {"seed": self._seed, "position": self._position, "draws": self._draws}
+
+    def _restore(self, state: State | None) -> None:
+        if state is None:
+            position, draws = self._instance_rank, 0
+        else:
+            self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
+            position, draws = state["position"], state["draws"]
+            if position < 0 or draws < 0 or position % self._num_instances != self._instance_rank:
+                raise self.mismatch(
+                    f"position {position} and draws {draws} do not fit rank "
+                    f"{self._instance_rank} of {self._num_instances}"
+                )
+        self._position, self._draws = position, draws
+        self._iterator = self._generate(position, draws)
+
+    def _generate(self, position: int, draws: int) -> Iterator[Any]:
+        items, stride = self._items, self._num_instances
+        length = len(items)
+        rng = CountingRandom.at(self._seed, draws)
+        pass_start = position - position % length
+
+        def permutation() -> list[Any]:
+            if not self._shuffle:
+                return items
+            order = list(items)
+            rng.shuffle(order)
+            return order
+
+        current = permutation()
+        while True:
+            item = current[position - pass_start]
+            position += stride
+            while position - pass_start >= length:
+                pass_start += length
+                draws = rng.draws
+                current = permutation()
+            self._position, self._draws = position, draws
+            yield item
+
+
+class RandomIterator(Stage[float]):
+    """Endless floats of ``random.Random(seed).random()``.
+
+    Checkpoint:
+        ``{"seed", "count"}``; a restore draws 2 x count words at C speed.
+    """
+
+    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+        "seed": (int, str),
+        "count": int,
+    }
+
+    def __init__(self, seed: Seed | None = 0) -> None:
+        self._seed, self._seed_drawn = resolve_seed("RandomIterator", seed)
+        self._restore(None)
+
+    def _state(self) -> State:
+        return {"seed": self._seed, "count": self._count}
+
+    def _restore(self, state: State | None) -> None:
+        count = 0
+        if state is not None:
+            self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
+            count = state["count"]
+            if count < 0:
+                raise self.mismatch(f"'count' must be >= 0, got {count}")
+        self._count = count
+        self._iterator = self._generate(CountingRandom.at(self._seed, 2 * count))
+
+    def _generate(self, rng: CountingRandom) -> Iterator[float]:
+        draw = rng.random
+        while True:
+            value = draw()
+            self._count += 1
+            yield value
+
+
+def create_source_iterator(
+    source_items: Sequence[Any],
+    train: bool = True,
+    seed: Seed | None = None,
+    shuffle: bool = True,
+    num_instances: int = 1,
+    instance_rank: int = 0,
+) -> Stage[Any]:
+    """The source for training (endless reshuffled passes) or evaluation (one ordered pass).
+
+    ``train=True`` gives an `InfinitePermutationSourceIterator` with ranks strided;
+    ``train=False`` gives a `ChunkedSourceIterator` with contiguous rank shares and needs
+    ``shuffle=False``.
+
+    Raises:
+        ValueError: for ``train=False, shuffle=True`` and for a bad rank.
+    """
+    if train:
+        return InfinitePermutationSourceIterator(
+            source_items,
+            seed=seed,
+            shuffle=shuffle,
+            num_instances=num_instances,
+            instance_rank=instance_rank,
+        )
+    if shuffle:
+        raise ValueError("create_source_iterator: shuffle=True is not supported when train=False")
+    return ChunkedSourceIterator(
+        source_items, num_instances=num_instances, instance_rank=instance_rank
+    )
+
+
+def _check_rank(owner: str, num_instances: int, instance_rank: int) -> tuple[int, int]:
+    require_int(owner, "num_instances", num_instances, 1)
+    require_int(owner, "instance_rank", instance_rank, 0)
+    if instance_rank >= num_instances:
+        raise ValueError(
+            f"{owner}: instance_rank must be < num_instances ({num_instances}), got {instance_rank}"
+        )
+    return num_instances, instance_rank

@@ -1,0 +1,155 @@
+"""Every public iterator, alone and in chains, passes the checkpoint-contract checker."""
+
+from __future__ import annotations
+
+import inspect
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import infinibatch_like.iterators as it
+from infinibatch_like._base import CheckpointableIterator
+from infinibatch_like.datasets import chunked_dataset_iterator
+from infinibatch_like.testing import assert_checkpointable
+
+CHUNKS = [[f"c{c}-{i}" for i in range(c % 4 + 1)] for c in range(9)]
+
+
+def native(n: int = 23) -> it.NativeCheckpointableIterator:
+    return it.NativeCheckpointableIterator(list(range(n)))
+
+
+def read_chunk(index: int) -> list[str]:
+    return CHUNKS[index]
+
+
+def add_one(x: int) -> int:
+    return x + 1
+
+
+def running_sum(total: int, x: int) -> tuple[int, int]:
+    return total + x, total + x
+
+
+def jitter(rng: random.Random, x: int) -> float:
+    return x + rng.random() + rng.gauss(0, 1) + rng.randrange(5)
+
+
+def capacity(longest: list[int]) -> int:
+    return max(1, 12 // (len(longest) + 1))
+
+
+def length_of(item: Any) -> int:
+    return len(item)
+
+
+class GeneratorIterable:
+    """A re-iterable whose iterator is a generator (the non-indexed restore path)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        return (i * i for i in range(self.n))
+
+
+# Each public iterator class (or factory) -> factories of pipelines exercising it.
+CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
+    "NativeCheckpointableIterator": [
+        native,
+        lambda: it.NativeCheckpointableIterator(GeneratorIterable(17)),
+        lambda: it.NativeCheckpointableIterator(range(5, 40, 3)),
+        lambda: it.NativeCheckpointableIterator(()),
+    ],
+    "ChunkedSourceIterator": [
+        lambda: it.ChunkedSourceIterator(list(range(29)), num_instances=3, instance_rank=1),
+    ],
+    "InfinitePermutationSourceIterator": [
+        lambda: it.InfinitePermutationSourceIterator(list(range(7)), seed=3),
+        lambda: it.InfinitePermutationSourceIterator(list(range(5)), seed=1, num_instances=3,
+                                                      instance_rank=2),
+        lambda: it.InfinitePermutationSourceIterator(list(range(2)), seed=4, num_instances=5,
+                                                      instance_rank=3),
+        lambda: it.InfinitePermutationSourceIterator(list(range(4)), shuffle=False,
+                                                      num_instances=2, instance_rank=1),
+    ],
+    "RandomIterator": [lambda: it.RandomIterator(seed=5)],
+    "SelectManyIterator": [
+        lambda: it.SelectManyIterator(it.NativeCheckpointableIterator(list(range(9))),
+                                      read_chunk),
+        lambda: it.SelectManyIterator(it.NativeCheckpointableIterator(CHUNKS)),
+    ],
+    "MapIterator": [lambda: it.MapIterator(native(), add_one)],
+    "SamplingRandomMapIterator": [lambda: it.SamplingRandomMapIterator(native(), jitter, 7)],
+    "RecurrentIterator": [lambda: it.RecurrentIterator(native(), running_sum, 0)],
+    "ZipIterator": [lambda: it.ZipIterator(native(30), native(19), it.RandomIterator(1))],
+    "MultiplexIterator": [
+        lambda: it.MultiplexIterator(
+            it.NativeCheckpointableIterator([0, 1, 1, 2, 0, 2, 2, 1, 0] * 3),
+            [native(10), it.RandomIterator(2), it.MapIterator(native(12), add_one)],
+        )
+    ],
+    "WindowedIterator": [
+        lambda: it.WindowedIterator(native(150), 3),
+        lambda: it.WindowedIterator(native(4), 6),
+        lambda: it.WindowedIterator(native(300), 70),
+    ],
+    "FixedBatchIterator": [lambda: it.FixedBatchIterator(native(), 4)],
+    "BlockwiseShuffleIterator": [
+        lambda: it.BlockwiseShuffleIterator(native(), 5, 3),
+        lambda: it.BlockwiseShuffleIterator(native(20), 5, 3),
+    ],
+    "BufferedShuffleIterator": [
+        lambda: it.BufferedShuffleIterator(native(), 6, 11),
+        lambda: it.BufferedShuffleIterator(
+            it.NativeCheckpointableIterator([None, 1, None, "a", 2.5] * 4), 4, 2
+        ),
+    ],
+    "BucketedReadaheadBatchIterator": [
+        lambda: it.BucketedReadaheadBatchIterator(
+            it.SelectManyIterator(it.NativeCheckpointableIterator(list(range(9))), read_chunk),
+            read_ahead=7, key=length_of, batch_size=2, seed=1,
+        ),
+        lambda: it.BucketedReadaheadBatchIterator(
+            it.FixedBatchIterator(native(60), 3), read_ahead=5, key=length_of,
+            batch_size=capacity, boundary_key=length_of, shuffle=False,
+        ),
+    ],
+    "chunked_dataset_iterator": [
+        lambda: chunked_dataset_iterator(list(range(9)), read_chunk, buffer_size=5, seed=2),
+        lambda: chunked_dataset_iterator(list(range(9)), read_chunk, buffer_size=4, seed=2,
+                                         use_windowed=True, transform=str.upper),
+        lambda: chunked_dataset_iterator(list(range(9)), read_chunk, buffer_size=4, train=False,
+                                         shuffle=False, num_instances=2, instance_rank=1),
+    ],
+}
+
+
+def public_iterator_names() -> set[str]:
+    names = set()
+    for name, value in vars(it).items():
+        if name.startswith("_") or name == "CheckpointableIterator":
+            continue
+        is_class = inspect.isclass(value) and issubclass(value, CheckpointableIterator)
+        returns_one = inspect.isfunction(value) and "Iterator" in str(
+            inspect.signature(value).return_annotation
+        )
+        if is_class or returns_one:
+            names.add(name)
+    return names
+
+
+def test_every_public_iterator_has_a_case() -> None:
+    missing = public_iterator_names() - set(CASES)
+    assert not missing, f"public iterators without a contract case: {sorted(missing)}"
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [pytest.param(factory, id=f"{name}-{index}") for name, factories in CASES.items()
+     for index, factory in enumerate(factories)],
+)
+def test_contract(factory: Callable[[], CheckpointableIterator[Any]]) -> None:
+    assert_checkpointable(factory, max_items=80)
