@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any, ClassVar
@@ -16,7 +15,8 @@ from ._base import (
     require_checkpointable,
     require_int,
 )
-from ._rng import CountingRandom, Seed, adopt_seed, resolve_seed
+from ._readahead import ReadAheadStage
+from ._rng import CountingRandom, Seed
 
 
 class FixedBatchIterator(Stage[list[Any]]):
@@ -52,7 +52,7 @@ class FixedBatchIterator(Stage[list[Any]]):
 BatchSize = int | Callable[[Any], int]
 
 
-class BucketedReadaheadBatchIterator(Stage[list[Any]]):
+class BucketedReadaheadBatchIterator(ReadAheadStage[list[Any]]):
     """Reads `read_ahead` items at a time, sorts them by `key` (descending, stable) and cuts
     them into batches, whose order is then shuffled.
 
@@ -74,15 +74,9 @@ class BucketedReadaheadBatchIterator(Stage[list[Any]]):
     Checkpoint:
         ``{"source", "seed", "draws", "emitted"}``: the source's state at the start of the
         current window, the generator's position before shuffling its batches and how many
-        of them were yielded. No items; a restore re-reads one window from the source.
+        of them were yielded. No items; a restore re-reads the current window from the
+        source.
     """
-
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
-        "source": dict,
-        "seed": (int, str),
-        "draws": int,
-        "emitted": int,
-    }
 
     def __init__(
         self,
@@ -95,7 +89,6 @@ class BucketedReadaheadBatchIterator(Stage[list[Any]]):
         seed: Seed | None = 0,
     ) -> None:
         owner = "BucketedReadaheadBatchIterator"
-        require_checkpointable(owner, "source_iterator", source_iterator)
         self._read_ahead = require_int(owner, "read_ahead", read_ahead, 1)
         if key is not None:
             require_callable(owner, "key", key)
@@ -107,55 +100,14 @@ class BucketedReadaheadBatchIterator(Stage[list[Any]]):
             require_callable(owner, "boundary_key", boundary_key)
         self._key, self._batch_size, self._boundary_key = key, batch_size, boundary_key
         self._shuffle = bool(shuffle)
-        self._seed, self._seed_drawn = resolve_seed(owner, seed)
-        self._source = source_iterator
-        self._sources = (source_iterator,)
-        self._restore(None)
+        self._init_read_ahead(source_iterator, seed)
 
-    def _state(self) -> State:
-        return {
-            "source": self._anchor,
-            "seed": self._seed,
-            "draws": self._draws,
-            "emitted": self._window_length - operator.length_hint(self._window),
-        }
-
-    def _restore(self, state: State | None) -> None:
-        if state is None:
-            self.restore_source(self._source, None, "source")
-            self._anchor, self._draws, emitted = self._source.getstate(), 0, 0
-        else:
-            self.restore_source(self._source, state["source"], "source")
-            self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
-            self._anchor, self._draws, emitted = state["source"], state["draws"], state["emitted"]
-            if self._draws < 0 or emitted < 0:
-                raise self.mismatch(f"'draws' {self._draws} and 'emitted' {emitted} must be >= 0")
-        self._window: Iterator[list[Any]] = iter(())
-        self._window_length = emitted  # until the window is read again, `emitted` is kept
-        self._iterator = self._generate(emitted)
-
-    def _generate(self, skip: int) -> Iterator[list[Any]]:
-        source, read_ahead = self._source, self._read_ahead
-        pull = fast_iterator(source)
-        rng = CountingRandom.at(self._seed, self._draws)
-        while True:
-            items = list(islice(pull, read_ahead))
-            batches = self._cut(items)
-            if len(batches) < skip:
-                raise self.mismatch(
-                    f"the checkpoint skips {skip} batches of a window, but it has {len(batches)}"
-                )
-            if self._shuffle:
-                rng.shuffle(batches)
-            window = iter(batches)
-            window.__setstate__(skip)  # type: ignore[attr-defined]
-            skip = 0
-            self._window, self._window_length = window, len(batches)
-            yield from window
-            if len(items) < read_ahead:
-                return
-            self._anchor, self._draws = source.getstate(), rng.draws
-            self._window, self._window_length = iter(()), 0
+    def _next_group(self, pull: Iterator[Any], rng: CountingRandom) -> tuple[list[list[Any]], bool]:
+        items = list(islice(pull, self._read_ahead))
+        batches = self._cut(items)
+        if self._shuffle:
+            rng.shuffle(batches)
+        return batches, len(items) < self._read_ahead
 
     def _cut(self, items: list[Any]) -> list[list[Any]]:
         """The window's batches, largest keys first."""

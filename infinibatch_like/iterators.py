@@ -1,14 +1,22 @@
 """infinibatch-compatible face: every iterator under the names of ``infinibatch.iterators``.
 
 ``from infinibatch_like.iterators import *`` also provides the helper names that
-infinibatch's star import leaks and that user code relies on (``Random``, ``Iterator``,
-``islice`` and the typing names).
+infinibatch's star import leaks and that user code may rely on (``Random``, ``Iterator``,
+``islice``, the typing names and the standard modules it imports).
 """
 
 from __future__ import annotations
 
 import collections.abc
 import copy
+import gzip
+import logging
+import math
+import multiprocessing
+import os
+import queue
+import threading
+import time
 from abc import abstractmethod
 from itertools import cycle, islice
 from random import Random
@@ -41,6 +49,8 @@ from .sources import (
     create_source_iterator,
 )
 from .windowing import WindowedIterator
+
+logger = logging.getLogger(__name__)
 
 
 def _advance_iterator(iterator: Iterator[Any], n: int) -> int:
@@ -99,4 +109,13 @@ __all__ = [
     "copy",
     "cycle",
     "islice",
+    "gzip",
+    "logger",
+    "logging",
+    "math",
+    "multiprocessing",
+    "os",
+    "queue",
+    "threading",
+    "time",
 ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 import random
 from collections.abc import Iterator
 from itertools import islice
@@ -16,12 +15,13 @@ from ._base import (
     require_checkpointable,
     require_int,
 )
+from ._readahead import ReadAheadStage
 from ._rng import CountingRandom, Seed, adopt_seed, resolve_seed
 
 _c_getrandbits = random.Random.getrandbits
 
 
-class BlockwiseShuffleIterator(Stage[Any]):
+class BlockwiseShuffleIterator(ReadAheadStage[Any]):
     """Cuts the source into consecutive blocks of `block_size` items and yields each block
     shuffled (one continuing ``random.Random(seed)`` shuffles them all).
 
@@ -34,17 +34,10 @@ class BlockwiseShuffleIterator(Stage[Any]):
         seed: seed of the shuffles; None draws one (kept in checkpoints).
 
     Checkpoint:
-        ``{"source", "seed", "draws", "consumed"}``: the source's state at the start of the
+        ``{"source", "seed", "draws", "emitted"}``: the source's state at the start of the
         current block, the generator's position before shuffling it and how many of its
         items were yielded. No items; a restore re-reads the current block from the source.
     """
-
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
-        "source": dict,
-        "seed": (int, str),
-        "draws": int,
-        "consumed": int,
-    }
 
     def __init__(
         self,
@@ -52,57 +45,13 @@ class BlockwiseShuffleIterator(Stage[Any]):
         block_size: int,
         seed: Seed | None = 0,
     ) -> None:
-        require_checkpointable("BlockwiseShuffleIterator", "source_iterator", source_iterator)
         self._block_size = require_int("BlockwiseShuffleIterator", "block_size", block_size, 1)
-        self._seed, self._seed_drawn = resolve_seed("BlockwiseShuffleIterator", seed)
-        self._source = source_iterator
-        self._sources = (source_iterator,)
-        self._restore(None)
+        self._init_read_ahead(source_iterator, seed)
 
-    def _state(self) -> State:
-        return {
-            "source": self._anchor,
-            "seed": self._seed,
-            "draws": self._draws,
-            "consumed": self._block_length - operator.length_hint(self._block),
-        }
-
-    def _restore(self, state: State | None) -> None:
-        if state is None:
-            self.restore_source(self._source, None, "source")
-            self._anchor, self._draws, consumed = self._source.getstate(), 0, 0
-        else:
-            self.restore_source(self._source, state["source"], "source")
-            self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
-            self._anchor, self._draws, consumed = state["source"], state["draws"], state["consumed"]
-            if self._draws < 0 or not 0 <= consumed <= self._block_size:
-                raise self.mismatch(
-                    f"'draws' {self._draws} and 'consumed' {consumed} are out of range"
-                )
-        self._block: Iterator[Any] = iter(())
-        self._block_length = consumed  # until the block is read again, `consumed` is kept
-        self._iterator = self._generate(consumed)
-
-    def _generate(self, skip: int) -> Iterator[Any]:
-        source, size = self._source, self._block_size
-        pull = fast_iterator(source)
-        rng = CountingRandom.at(self._seed, self._draws)
-        while True:
-            block = list(islice(pull, size))
-            if len(block) < skip:
-                raise self.mismatch(
-                    f"the checkpoint skips {skip} items of a block, but it has {len(block)}"
-                )
-            if not block:
-                return
-            rng.shuffle(block)
-            iterator = iter(block)
-            iterator.__setstate__(skip)  # type: ignore[attr-defined]
-            skip = 0
-            self._block, self._block_length = iterator, len(block)
-            yield from iterator
-            self._anchor, self._draws = source.getstate(), rng.draws
-            self._block, self._block_length = iter(()), 0
+    def _next_group(self, pull: Iterator[Any], rng: CountingRandom) -> tuple[list[Any], bool]:
+        block = list(islice(pull, self._block_size))
+        rng.shuffle(block)
+        return block, not block
 
 
 class BufferedShuffleIterator(Stage[Any]):

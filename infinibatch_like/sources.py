@@ -147,7 +147,8 @@ class InfinitePermutationSourceIterator(Stage[Any]):
 
     def _restore(self, state: State | None) -> None:
         if state is None:
-            position, draws = self._instance_rank, 0
+            position = self._instance_rank
+            draws = self._draws_before_pass(position // len(self._items))
         else:
             self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
             position, draws = state["position"], state["draws"]
@@ -158,6 +159,14 @@ class InfinitePermutationSourceIterator(Stage[Any]):
                 )
         self._position, self._draws = position, draws
         self._iterator = self._generate(position, draws)
+
+    def _draws_before_pass(self, index: int) -> int:
+        """The generator's position before the shuffle of pass `index` (ranks >= len)."""
+        rng = CountingRandom(self._seed)
+        order = list(range(len(self._items)))
+        for _ in range(index if self._shuffle else 0):
+            rng.shuffle(order)
+        return rng.draws
 
     def _generate(self, position: int, draws: int) -> Iterator[Any]:
         items, stride = self._items, self._num_instances

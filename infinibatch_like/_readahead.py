@@ -1,0 +1,99 @@
+"""Stages that read a group of items at a time and yield it rearranged by a seeded generator.
+
+Block-wise shuffling and bucketed batching both work this way. Their state is where the
+current group starts (the source's state and the generator's position) and how many of
+its outputs were yielded: no items, at the price of re-reading one group on restore.
+"""
+
+from __future__ import annotations
+
+import operator
+from abc import abstractmethod
+from collections.abc import Iterator
+from typing import Any, ClassVar, TypeVar
+
+from ._base import CheckpointableIterator, Stage, State, fast_iterator, require_checkpointable
+from ._rng import CountingRandom, Seed, adopt_seed, resolve_seed
+
+T = TypeVar("T")
+
+
+class ReadAheadStage(Stage[T]):
+    """Base of stages that yield the rearranged outputs of one group of source items at a
+    time; subclasses implement `_next_group`.
+
+    Checkpoint:
+        ``{"source", "seed", "draws", "emitted"}``: the source's state and the generator's
+        position where the current group starts, and how many of its outputs were yielded.
+        Between groups the state points at the next group, so a restore re-reads at most
+        the one group being yielded.
+    """
+
+    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+        "source": dict,
+        "seed": (int, str),
+        "draws": int,
+        "emitted": int,
+    }
+
+    def _init_read_ahead(self, source: CheckpointableIterator[Any], seed: Seed | None) -> None:
+        require_checkpointable(self._name, "source_iterator", source)
+        self._seed, self._seed_drawn = resolve_seed(self._name, seed)
+        self._source = source
+        self._sources = (source,)
+        self._restore(None)
+
+    @abstractmethod
+    def _next_group(self, pull: Iterator[Any], rng: CountingRandom) -> tuple[list[T], bool]:
+        """Read the next group from `pull`: its outputs, and whether it is the last one."""
+
+    def _state(self) -> State:
+        emitted = self._skip
+        if not emitted and self._group_length:
+            emitted = self._group_length - operator.length_hint(self._group)
+            if emitted == self._group_length:  # used up: point at the next group instead
+                return self._pointer(self._source.getstate(), self._rng.draws, 0)
+        return self._pointer(self._anchor, self._draws, emitted)
+
+    def _pointer(self, source: State, draws: int, emitted: int) -> State:
+        return {"source": source, "seed": self._seed, "draws": draws, "emitted": emitted}
+
+    def _restore(self, state: State | None) -> None:
+        if state is None:
+            self.restore_source(self._source, None, "source")
+            self._anchor, self._draws, self._skip = self._source.getstate(), 0, 0
+        else:
+            self.restore_source(self._source, state["source"], "source")
+            self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
+            self._anchor, self._draws, self._skip = (
+                state["source"],
+                state["draws"],
+                state["emitted"],
+            )
+            if self._draws < 0 or self._skip < 0:
+                raise self.mismatch(
+                    f"'draws' {self._draws} and 'emitted' {self._skip} must be >= 0"
+                )
+        self._rng = CountingRandom.at(self._seed, self._draws)
+        self._group: Iterator[T] = iter(())
+        self._group_length = 0
+        self._iterator = self._generate()
+
+    def _generate(self) -> Iterator[T]:
+        source, rng = self._source, self._rng
+        pull = fast_iterator(source)
+        while True:
+            outputs, last = self._next_group(pull, rng)
+            if len(outputs) < self._skip:
+                raise self.mismatch(
+                    f"the checkpoint skips {self._skip} outputs of a group, "
+                    f"but it has {len(outputs)}"
+                )
+            group = iter(outputs)
+            group.__setstate__(self._skip)  # type: ignore[attr-defined]
+            self._group, self._group_length, self._skip = group, len(outputs), 0
+            yield from group
+            if last:
+                return
+            self._anchor, self._draws = source.getstate(), rng.draws
+            self._group, self._group_length = iter(()), 0

@@ -1,0 +1,86 @@
+"""Each stage re-reads on restore only what its documentation says it does."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import infinibatch_like.iterators as it
+from infinibatch_like.datasets import chunked_dataset_iterator
+
+
+class Counter:
+    """A transform that counts its calls: put it upstream to count items re-read."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, item: Any) -> Any:
+        self.calls += 1
+        return item
+
+
+def counted(n: int, counter: Counter) -> it.MapIterator:
+    return it.MapIterator(it.NativeCheckpointableIterator(list(range(n))), counter)
+
+
+def items_read_to_restore(
+    build: Callable[[Counter], it.CheckpointableIterator[Any]], position: int
+) -> int:
+    """Upstream items read by a fresh pipeline to restore at `position` and yield one item."""
+    original = build(Counter())
+    list(itertools.islice(original, position))
+    state = json.loads(json.dumps(original.getstate()))
+    counter = Counter()
+    fresh = build(counter)
+    fresh.setstate(state)
+    next(fresh)
+    return counter.calls
+
+
+@pytest.mark.parametrize(
+    ("build", "position", "bound"),
+    [
+        # Map and FixedBatch re-read nothing: the one item or batch yielded is all.
+        (lambda c: it.MapIterator(counted(10_000, c), str), 5_000, 1),
+        (lambda c: it.FixedBatchIterator(counted(10_000, c), 7), 500, 7),
+        # Blockwise: one block (plus the item yielded, which lies in it).
+        (lambda c: it.BlockwiseShuffleIterator(counted(10_000, c), 100, 1), 5_050, 100),
+        # Buffered: the buffer is in the state; only the next item is read.
+        (lambda c: it.BufferedShuffleIterator(counted(10_000, c), 100, 1), 5_050, 1),
+        # Bucketed: one read-ahead window.
+        (lambda c: it.BucketedReadaheadBatchIterator(counted(10_000, c), 50, None, 5, seed=1),
+         700, 50),
+        # Windowed: at most 2 * max(width, 64) items, plus the next one.
+        (lambda c: it.WindowedIterator(counted(10_000, c), 3), 5_000, 2 * 64 + 1),
+        (lambda c: it.WindowedIterator(counted(10_000, c), 100), 5_000, 2 * 100 + 1),
+    ],
+)
+def test_restore_rereads_at_most(build: Any, position: int, bound: int) -> None:
+    assert items_read_to_restore(build, position) <= bound
+
+
+def test_select_many_rereads_one_collection() -> None:
+    reads: list[int] = []
+
+    def read_chunk(index: int) -> list[int]:
+        reads.append(index)
+        return list(range(index * 10, index * 10 + 10))
+
+    def build() -> it.CheckpointableIterator[Any]:
+        return chunked_dataset_iterator(list(range(50)), read_chunk, buffer_size=1, train=False,
+                                        shuffle=False)
+
+    original = build()
+    list(itertools.islice(original, 255))
+    state = original.getstate()
+    reads.clear()
+    fresh = build()
+    fresh.setstate(state)
+    assert next(fresh) == 255
+    assert reads == [25]
+
