@@ -252,8 +252,9 @@ class Stage(CheckpointableIterator[T]):
 
     def _check_picklable_callables(self, protocol: Any) -> None:
         args, kwargs = self._init_args
-        named = inspect.signature(type(self)).bind_partial(*args, **kwargs).arguments
-        for param, value in named.items():
+        signature = inspect.signature(type(self).__init__)
+        named = signature.bind_partial(self, *args, **kwargs).arguments
+        for param, value in list(named.items())[1:]:
             if callable(value) and not isinstance(value, (type, CheckpointableIterator)):
                 try:
                     pickle.dumps(value, protocol)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 from itertools import islice
 from typing import Any, ClassVar
@@ -17,8 +16,6 @@ from ._base import (
 )
 from ._readahead import ReadAheadStage
 from ._rng import CountingRandom, Seed, adopt_seed, resolve_seed
-
-_c_getrandbits = random.Random.getrandbits
 
 
 class BlockwiseShuffleIterator(ReadAheadStage[Any]):
@@ -128,18 +125,13 @@ class BufferedShuffleIterator(Stage[Any]):
         self._iterator = self._generate()
 
     def _generate(self) -> Iterator[Any]:
-        buffer, rng, size = self._buffer, self._rng, self._size
-        bits = size.bit_length()
+        buffer, size = self._buffer, self._size
+        below = self._rng.below
         # A buffer shorter than `size` comes from a checkpoint taken while emptying it,
         # after the source ended.
         source_items = fast_iterator(self._source) if len(buffer) == size else iter(())
         for item in source_items:
-            index = _c_getrandbits(rng, bits)
-            words = 1
-            while index >= size:
-                index = _c_getrandbits(rng, bits)
-                words += 1
-            rng.draws += words
+            index = below(size)
             previous = buffer[index]
             buffer[index] = item
             if previous is not _EMPTY:
