@@ -18,6 +18,7 @@ from typing import Any, ClassVar, NoReturn, TypeVar
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
+SelfIterator = TypeVar("SelfIterator", bound="CheckpointableIterator[Any]")
 
 State = dict[str, Any]
 """A checkpoint: plain data (dicts with str keys, lists, str, int, float, bool, None)."""
@@ -54,7 +55,7 @@ class CheckpointableIterator(collections.abc.Iterator[T_co]):
     def close(self) -> None:
         """Release background resources; idempotent."""
 
-    def __enter__(self) -> CheckpointableIterator[T_co]:
+    def __enter__(self: SelfIterator) -> SelfIterator:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from itertools import islice
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from ._base import (
     CheckpointableIterator,
@@ -18,8 +18,10 @@ from ._base import (
 from ._readahead import ReadAheadStage
 from ._rng import CountingRandom, Seed
 
+T = TypeVar("T")
 
-class FixedBatchIterator(Stage[list[Any]]):
+
+class FixedBatchIterator(Stage[list[T]]):
     """Yields lists of `batch_size` consecutive items; the last one may be shorter.
 
     Checkpoint:
@@ -29,7 +31,7 @@ class FixedBatchIterator(Stage[list[Any]]):
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"source": dict}
 
-    def __init__(self, source_iterator: CheckpointableIterator[Any], batch_size: int) -> None:
+    def __init__(self, source_iterator: CheckpointableIterator[T], batch_size: int) -> None:
         require_checkpointable("FixedBatchIterator", "source_iterator", source_iterator)
         self._batch_size = require_int("FixedBatchIterator", "batch_size", batch_size, 1)
         self._source = source_iterator
@@ -43,7 +45,7 @@ class FixedBatchIterator(Stage[list[Any]]):
         self.restore_source(self._source, None if state is None else state["source"], "source")
         self._iterator = self._generate()
 
-    def _generate(self) -> Iterator[list[Any]]:
+    def _generate(self) -> Iterator[list[T]]:
         pull, size = fast_iterator(self._source), self._batch_size
         while batch := list(islice(pull, size)):
             yield batch
@@ -52,7 +54,7 @@ class FixedBatchIterator(Stage[list[Any]]):
 BatchSize = int | Callable[[Any], int]
 
 
-class BucketedReadaheadBatchIterator(ReadAheadStage[list[Any]]):
+class BucketedReadaheadBatchIterator(ReadAheadStage[list[T]]):
     """Reads `read_ahead` items at a time, sorts them by `key` (descending, stable) and cuts
     them into batches, whose order is then shuffled.
 
@@ -80,7 +82,7 @@ class BucketedReadaheadBatchIterator(ReadAheadStage[list[Any]]):
 
     def __init__(
         self,
-        source_iterator: CheckpointableIterator[Any],
+        source_iterator: CheckpointableIterator[T],
         read_ahead: int,
         key: Callable[[Any], Any] | None,
         batch_size: BatchSize,
@@ -102,21 +104,21 @@ class BucketedReadaheadBatchIterator(ReadAheadStage[list[Any]]):
         self._shuffle = bool(shuffle)
         self._init_read_ahead(source_iterator, seed)
 
-    def _next_group(self, pull: Iterator[Any], rng: CountingRandom) -> tuple[list[list[Any]], bool]:
+    def _next_group(self, pull: Iterator[T], rng: CountingRandom) -> tuple[list[list[T]], bool]:
         items = list(islice(pull, self._read_ahead))
         batches = self._cut(items)
         if self._shuffle:
             rng.shuffle(batches)
         return batches, len(items) < self._read_ahead
 
-    def _cut(self, items: list[Any]) -> list[list[Any]]:
+    def _cut(self, items: list[T]) -> list[list[T]]:
         """The window's batches, largest keys first."""
         key, boundary_key, batch_size = self._key, self._boundary_key, self._batch_size
         if key is not None:
             items.sort(key=key, reverse=True)
         fixed = batch_size if isinstance(batch_size, int) else None
-        batches: list[list[Any]] = []
-        batch: list[Any] = []
+        batches: list[list[T]] = []
+        batch: list[T] = []
         capacity: Any = 0
         previous: Any = None
         for item in items:

@@ -8,6 +8,7 @@ from typing import Any
 from ._base import CheckpointableIterator
 from .flatten import SelectManyIterator
 from .mapping import MapIterator
+from .prefetch import PrefetchIterator
 from .shuffle import BlockwiseShuffleIterator, BufferedShuffleIterator
 from .sources import create_source_iterator
 
@@ -62,10 +63,7 @@ def chunked_dataset_iterator(
         read_chunk_fn,
     )
     if prefetch:
-        raise NotImplementedError(
-            "chunked_dataset_iterator: prefetch=True needs PrefetchIterator, "
-            "which this version does not have yet"
-        )
+        samples = PrefetchIterator(samples, buffer_size)
     if shuffle:
         shuffle_stage = BufferedShuffleIterator if use_windowed else BlockwiseShuffleIterator
         samples = shuffle_stage(samples, buffer_size, bump_seed(seed))

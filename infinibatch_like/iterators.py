@@ -35,10 +35,13 @@ from typing import (  # noqa: UP035 - infinibatch's star import provides these n
 )
 
 from ._base import CheckpointableIterator, StateMismatchError
+from ._workers import WorkerError
 from .batching import BucketedReadaheadBatchIterator, FixedBatchIterator
 from .flatten import SelectManyIterator
 from .mapping import MapIterator, SamplingRandomMapIterator
 from .multiplex import MultiplexIterator, MultiplexSourceExhaustedError, ZipIterator
+from .parallel import ParallelMapIterator
+from .prefetch import PrefetchIterator
 from .recurrent import RecurrentIterator
 from .shuffle import BlockwiseShuffleIterator, BufferedShuffleIterator
 from .sources import (
@@ -81,6 +84,8 @@ __all__ = [
     "MapIterator",
     "MultiplexIterator",
     "NativeCheckpointableIterator",
+    "ParallelMapIterator",
+    "PrefetchIterator",
     "RandomIterator",
     "RecurrentIterator",
     "SamplingRandomMapIterator",
@@ -91,6 +96,7 @@ __all__ = [
     # this library's errors
     "MultiplexSourceExhaustedError",
     "StateMismatchError",
+    "WorkerError",
     # names that infinibatch's star import leaks and user code relies on
     "Any",
     "Callable",

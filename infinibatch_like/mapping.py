@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 from random import Random
-from typing import Any, ClassVar
+from typing import ClassVar, TypeVar
 
 from ._base import (
     CheckpointableIterator,
@@ -17,8 +17,11 @@ from ._base import (
 )
 from ._rng import CountingRandom, Seed, adopt_seed, resolve_seed
 
+T = TypeVar("T")
+U = TypeVar("U")
 
-class MapIterator(Stage[Any]):
+
+class MapIterator(Stage[U]):
     """Yields ``transform(item)`` for each item of the source.
 
     The source is not reset (as in infinibatch). Chains of MapIterators run as nested
@@ -31,7 +34,7 @@ class MapIterator(Stage[Any]):
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"source": dict}
 
     def __init__(
-        self, source_iterator: CheckpointableIterator[Any], transform: Callable[[Any], Any]
+        self, source_iterator: CheckpointableIterator[T], transform: Callable[[T], U]
     ) -> None:
         require_checkpointable("MapIterator", "source_iterator", source_iterator)
         require_callable("MapIterator", "transform", transform)
@@ -48,7 +51,7 @@ class MapIterator(Stage[Any]):
         self._iterator = map(self._transform, fast_iterator(self._source))
 
 
-class SamplingRandomMapIterator(Stage[Any]):
+class SamplingRandomMapIterator(Stage[U]):
     """Yields ``transform(rng, item)`` for each item, with one checkpointed ``Random(seed)``.
 
     `rng` is a ``random.Random`` drawing exactly the numbers of ``random.Random(seed)``;
@@ -69,8 +72,8 @@ class SamplingRandomMapIterator(Stage[Any]):
 
     def __init__(
         self,
-        source_iterator: CheckpointableIterator[Any],
-        transform: Callable[[Random, Any], Any],
+        source_iterator: CheckpointableIterator[T],
+        transform: Callable[[Random, T], U],
         seed: Seed | None = 0,
     ) -> None:
         require_checkpointable("SamplingRandomMapIterator", "source_iterator", source_iterator)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from itertools import islice
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from ._base import (
     CheckpointableIterator,
@@ -17,8 +17,10 @@ from ._base import (
 from ._readahead import ReadAheadStage
 from ._rng import CountingRandom, Seed, adopt_seed, resolve_seed
 
+T = TypeVar("T")
 
-class BlockwiseShuffleIterator(ReadAheadStage[Any]):
+
+class BlockwiseShuffleIterator(ReadAheadStage[T]):
     """Cuts the source into consecutive blocks of `block_size` items and yields each block
     shuffled (one continuing ``random.Random(seed)`` shuffles them all).
 
@@ -38,20 +40,20 @@ class BlockwiseShuffleIterator(ReadAheadStage[Any]):
 
     def __init__(
         self,
-        source_iterator: CheckpointableIterator[Any],
+        source_iterator: CheckpointableIterator[T],
         block_size: int,
         seed: Seed | None = 0,
     ) -> None:
         self._block_size = require_int("BlockwiseShuffleIterator", "block_size", block_size, 1)
         self._init_read_ahead(source_iterator, seed)
 
-    def _next_group(self, pull: Iterator[Any], rng: CountingRandom) -> tuple[list[Any], bool]:
+    def _next_group(self, pull: Iterator[T], rng: CountingRandom) -> tuple[list[T], bool]:
         block = list(islice(pull, self._block_size))
         rng.shuffle(block)
         return block, not block
 
 
-class BufferedShuffleIterator(Stage[Any]):
+class BufferedShuffleIterator(Stage[T]):
     """Shuffles through a buffer of `buffer_size` slots: each new item goes into a random
     slot (``randrange(buffer_size)`` of one ``random.Random(seed)``) and the slot's
     previous item, if any, is yielded. When the source ends, the remaining items are
@@ -78,7 +80,7 @@ class BufferedShuffleIterator(Stage[Any]):
 
     def __init__(
         self,
-        source_iterator: CheckpointableIterator[Any],
+        source_iterator: CheckpointableIterator[T],
         buffer_size: int,
         seed: Seed | None = 0,
     ) -> None:
@@ -124,7 +126,7 @@ class BufferedShuffleIterator(Stage[Any]):
             self._rng = CountingRandom.at(self._seed, state["draws"])
         self._iterator = self._generate()
 
-    def _generate(self) -> Iterator[Any]:
+    def _generate(self) -> Iterator[T]:
         buffer, size = self._buffer, self._size
         below = self._rng.below
         # A buffer shorter than `size` comes from a checkpoint taken while emptying it,

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from ._base import Stage, State, require_int, skip_items
 from ._rng import CountingRandom, Seed, adopt_seed, resolve_seed
 
 _INDEXED = (list, tuple, range)
 
+T = TypeVar("T")
 
-class NativeCheckpointableIterator(Stage[Any]):
+
+class NativeCheckpointableIterator(Stage[T]):
     """Iterates over a re-iterable collection (a list, a tuple, a range, or any iterable
     whose ``iter()`` starts over).
 
@@ -28,7 +30,7 @@ class NativeCheckpointableIterator(Stage[Any]):
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"consumed": int}
 
-    def __init__(self, iterable: Iterable[Any]) -> None:
+    def __init__(self, iterable: Iterable[T]) -> None:
         if iter(iterable) is iterable:
             raise ValueError(
                 "NativeCheckpointableIterator: iterable must be re-iterable, got an iterator "
@@ -63,15 +65,15 @@ class NativeCheckpointableIterator(Stage[Any]):
             self._consumed = consumed
             self._iterator = self._counting(iterator)
 
-    def _counting(self, iterator: Iterator[Any]) -> Iterator[Any]:
+    def _counting(self, iterator: Iterator[T]) -> Iterator[T]:
         for item in iterator:
             self._consumed += 1
             yield item
 
 
 def ChunkedSourceIterator(
-    source_items: Sequence[Any], num_instances: int = 1, instance_rank: int = 0
-) -> NativeCheckpointableIterator:
+    source_items: Sequence[T], num_instances: int = 1, instance_rank: int = 0
+) -> NativeCheckpointableIterator[T]:
     """One pass over this rank's contiguous share of `source_items`.
 
     The list is cut into `num_instances` consecutive parts whose sizes differ by at most
@@ -98,7 +100,7 @@ def ChunkedSourceIterator(
     )
 
 
-class InfinitePermutationSourceIterator(Stage[Any]):
+class InfinitePermutationSourceIterator(Stage[T]):
     """Endless passes over a list, reshuffled before every pass, strided over ranks.
 
     Conceptually the stream P0 + P1 + P2 + ..., where Pk is the list shuffled by the k-th
@@ -126,7 +128,7 @@ class InfinitePermutationSourceIterator(Stage[Any]):
 
     def __init__(
         self,
-        source_items: Sequence[Any],
+        source_items: Sequence[T],
         seed: Seed | None = 0,
         shuffle: bool = True,
         num_instances: int = 1,
@@ -168,13 +170,13 @@ class InfinitePermutationSourceIterator(Stage[Any]):
             rng.shuffle(order)
         return rng.draws
 
-    def _generate(self, position: int, draws: int) -> Iterator[Any]:
+    def _generate(self, position: int, draws: int) -> Iterator[T]:
         items, stride = self._items, self._num_instances
         length = len(items)
         rng = CountingRandom.at(self._seed, draws)
         pass_start = position - position % length
 
-        def permutation() -> list[Any]:
+        def permutation() -> list[T]:
             if not self._shuffle:
                 return items
             order = list(items)
@@ -231,13 +233,13 @@ class RandomIterator(Stage[float]):
 
 
 def create_source_iterator(
-    source_items: Sequence[Any],
+    source_items: Sequence[T],
     train: bool = True,
     seed: Seed | None = None,
     shuffle: bool = True,
     num_instances: int = 1,
     instance_rank: int = 0,
-) -> Stage[Any]:
+) -> Stage[T]:
     """The source for training (endless reshuffled passes) or evaluation (one ordered pass).
 
     ``train=True`` gives an `InfinitePermutationSourceIterator` with ranks strided;

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from itertools import islice
-from typing import Any, ClassVar
+from typing import ClassVar, TypeVar
 
 from ._base import (
     CheckpointableIterator,
@@ -16,8 +16,10 @@ from ._base import (
     require_int,
 )
 
+T = TypeVar("T")
 
-class WindowedIterator(Stage[tuple[Any, ...]]):
+
+class WindowedIterator(Stage[tuple[T, ...]]):
     """Yields overlapping tuples of `width` consecutive items: (a, b, c), (b, c, d), ...
 
     Nothing is yielded if the source has fewer than `width` items.
@@ -34,7 +36,7 @@ class WindowedIterator(Stage[tuple[Any, ...]]):
         "replay": int,
     }
 
-    def __init__(self, source_iterator: CheckpointableIterator[Any], width: int) -> None:
+    def __init__(self, source_iterator: CheckpointableIterator[T], width: int) -> None:
         require_checkpointable("WindowedIterator", "source_iterator", source_iterator)
         self._width = require_int("WindowedIterator", "width", width, 1)
         self._anchor_every = max(width, 64)
@@ -61,7 +63,7 @@ class WindowedIterator(Stage[tuple[Any, ...]]):
         self._read = replay
         self._iterator = self._generate(replay)
 
-    def _generate(self, replay: int) -> Iterator[tuple[Any, ...]]:
+    def _generate(self, replay: int) -> Iterator[tuple[T, ...]]:
         width, every, source = self._width, self._anchor_every, self._source
         pull = fast_iterator(source)
         replayed = list(islice(pull, replay))
@@ -69,7 +71,7 @@ class WindowedIterator(Stage[tuple[Any, ...]]):
             raise self.mismatch(
                 f"the checkpoint replays {replay} items, but the source has {len(replayed)}"
             )
-        window = deque(replayed, maxlen=width)
+        window: deque[T] = deque(replayed, maxlen=width)
         next_anchor = (replay // every + 1) * every
         for item in pull:
             window.append(item)

@@ -117,12 +117,33 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
             batch_size=capacity, boundary_key=length_of, shuffle=False,
         ),
     ],
+    "PrefetchIterator": [
+        lambda: it.PrefetchIterator(native(), 4, snapshot_every=7),
+        lambda: it.PrefetchIterator(native(40), 3, mode="thread", snapshot_every=5),
+        lambda: it.MapIterator(
+            it.PrefetchIterator(
+                it.SelectManyIterator(it.NativeCheckpointableIterator(list(range(9))),
+                                      read_chunk),
+                5, snapshot_every=3,
+            ),
+            str.upper,
+        ),
+    ],
+    "ParallelMapIterator": [
+        lambda: it.ParallelMapIterator(native(30), add_one, 2, 3, snapshot_every=4),
+        lambda: it.ParallelMapIterator(
+            it.PrefetchIterator(native(20), 6, snapshot_every=5), add_one, 2, 2,
+            snapshot_every=3,
+        ),
+    ],
     "chunked_dataset_iterator": [
         lambda: chunked_dataset_iterator(list(range(9)), read_chunk, buffer_size=5, seed=2),
         lambda: chunked_dataset_iterator(list(range(9)), read_chunk, buffer_size=4, seed=2,
                                          use_windowed=True, transform=str.upper),
         lambda: chunked_dataset_iterator(list(range(9)), read_chunk, buffer_size=4, train=False,
                                          shuffle=False, num_instances=2, instance_rank=1),
+        lambda: chunked_dataset_iterator(list(range(9)), read_chunk, buffer_size=4, seed=3,
+                                         prefetch=True),
     ],
 }
 

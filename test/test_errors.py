@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 from typing import Any
@@ -198,6 +199,16 @@ def test_boundary_key_returning_none_is_named() -> None:
         next(batches)
 
 
-def test_prefetch_is_never_silently_dropped() -> None:
-    with pytest.raises(NotImplementedError, match="prefetch=True needs PrefetchIterator"):
-        chunked_dataset_iterator([1], list, 4, prefetch=True, seed=1)
+def _chunk_with_pid(chunk: int) -> list[tuple[int, int]]:
+    return [(chunk, os.getpid())]
+
+
+def test_prefetch_true_really_prefetches() -> None:
+    from infinibatch_like.prefetch import PrefetchIterator
+
+    with chunked_dataset_iterator(list(range(6)), _chunk_with_pid, 4, prefetch=True, seed=1,
+                                  train=False, shuffle=False) as pipeline:
+        assert isinstance(pipeline, PrefetchIterator)
+        items = list(pipeline)
+    assert [chunk for chunk, _ in items] == list(range(6))
+    assert os.getpid() not in {pid for _, pid in items}  # read in the worker process

@@ -1,0 +1,54 @@
+"""The README's "Two commands" section and the CI entry point (.ci/run) agree."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_COMMAND = "pip install -e . && python -m infinibatch_like demo"
+
+
+def two_commands() -> list[str]:
+    """The commands in the fenced blocks of the README's "Two commands" section, in order."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = re.search(r"^## Two commands[ \t]*\n(.*?)(?=^## |\Z)", readme, re.M | re.S)
+    assert section is not None, 'README.md has no "## Two commands" section'
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", section.group(1), re.M | re.S)
+    return [
+        line.strip()
+        for block in blocks
+        for line in block.splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
+
+
+def test_readme_has_exactly_two_commands() -> None:
+    commands = two_commands()
+    assert len(commands) == 2, commands
+    assert commands[0] == DEMO_COMMAND
+    assert "pytest" in commands[1]
+
+
+def test_ci_runs_the_readme_test_command_verbatim() -> None:
+    test_command = two_commands()[1]
+    ci_lines = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    assert test_command in ci_lines, f".ci/run does not run {test_command!r}"
+
+
+def test_ci_script_is_strict_bash() -> None:
+    script = (REPO / ".ci" / "run").read_text()
+    assert script.startswith("#!/usr/bin/env bash\n")
+    assert "set -euo pipefail" in script
+    if os.name == "posix":
+        assert os.access(REPO / ".ci" / "run", os.X_OK), ".ci/run is not executable"
+
+
+@pytest.mark.parametrize("target", ["docs/index.md", "docs/checkpoints.md", "docs/migrating.md"])
+def test_readme_links_docs(target: str) -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert f"({target})" in readme
+    assert (REPO / target).is_file()
