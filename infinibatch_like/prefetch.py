@@ -55,27 +55,20 @@ class _PrefetchRunner:
 
     def _start(self) -> _workers.Channel:
         replay = self.cursor.base
-        if self.mode == "thread":
-            channel: _workers.Channel = _workers.ThreadChannel(
-                self.source,
-                replay,
-                self.snapshot_every,
-                self.max_batch,
-                self.slots,
-                "PrefetchIterator",
-                self.warn_empty,
-            )
-        else:
-            channel = _workers.ProcessChannel(
-                self.source,
-                replay,
-                self.snapshot_every,
-                self.max_batch,
-                self.slots,
-                "PrefetchIterator",
-                self.warn_empty,
-                self.start_method,
-            )
+        args = (
+            self.source,
+            replay,
+            self.snapshot_every,
+            self.max_batch,
+            self.slots,
+            "PrefetchIterator",
+            self.warn_empty,
+        )
+        channel: _workers.Channel = (
+            _workers.ThreadChannel(*args)
+            if self.mode == "thread"
+            else _workers.ProcessChannel(*args, self.start_method)
+        )
         self.channel = channel
         return channel
 
