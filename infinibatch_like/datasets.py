@@ -34,13 +34,17 @@ def chunked_dataset_iterator(
     prefetch: bool = False,
     num_instances: int = 1,
     instance_rank: int = 0,
+    *,
+    read_ahead_chunks: int = 0,
 ) -> CheckpointableIterator[Any]:
     """Items of a corpus split into chunks (e.g. files), read chunk by chunk and shuffled.
 
     Composes, in order: `create_source_iterator` over `chunk_refs` (training: endless
     passes, chunks reshuffled every pass and strided over ranks; evaluation, ``train=False``
     with ``shuffle=False``: one ordered pass over this rank's contiguous share), a
-    `SelectManyIterator` calling ``read_chunk_fn(chunk_ref)``, with `prefetch` a
+    `SelectManyIterator` calling ``read_chunk_fn(chunk_ref)`` (with ``read_ahead_chunks=n``,
+    the next `n` chunks are read and decompressed in background threads, so
+    `read_chunk_fn` must be thread-safe), with `prefetch` a
     `PrefetchIterator` of `buffer_size` items, with `shuffle` a `BlockwiseShuffleIterator`
     of `buffer_size` items (a `BufferedShuffleIterator` if `use_windowed`) seeded with
     ``bump_seed(seed)``, and with `transform` a `MapIterator`.
@@ -61,6 +65,7 @@ def chunked_dataset_iterator(
             instance_rank=instance_rank,
         ),
         read_chunk_fn,
+        read_ahead=read_ahead_chunks,
     )
     if prefetch:
         samples = PrefetchIterator(samples, buffer_size)

@@ -32,11 +32,13 @@ class _MapRunner:
         transform: Callable[[Any], Any],
         num_processes: int,
         task_size: int,
+        tasks_in_flight: int,
         snapshot_every: int,
         start_method: str | None,
     ) -> None:
         self.source, self.transform = source, transform
         self.num_processes, self.task_size = num_processes, task_size
+        self.tasks_in_flight = tasks_in_flight
         self.snapshot_every, self.start_method = snapshot_every, start_method
         self.pool: _workers.MapPool | None = None
         self.reset({}, 0)
@@ -83,7 +85,7 @@ class _MapRunner:
         number = 0
         exhausted = False
         source_error: BaseException | None = None
-        limit = 2 * self.num_processes
+        limit = self.tasks_in_flight
         pool: _workers.MapPool | None = None
 
         def take() -> list[Any]:
@@ -161,8 +163,8 @@ class ParallelMapIterator(Stage[Any]):
     transform running in `num_processes` worker processes.
 
     The consumer's process reads the source and sends tasks of up to
-    `num_items_per_process` items to the workers, keeping ``2 * num_processes`` tasks in
-    flight; results come back in order and stream out as soon as the oldest task is done
+    `num_items_per_process` items to the workers, keeping up to `tasks_in_flight` tasks
+    in flight; results come back in order and stream out as soon as the oldest task is done
     (no waiting for a whole round). The output, errors included, is exactly
     `MapIterator`'s. The pool starts at the first ``next()`` and stops at ``close()``, on
     garbage collection, at interpreter exit and when the source ends. It works nested
@@ -176,6 +178,11 @@ class ParallelMapIterator(Stage[Any]):
         num_processes: worker processes (>= 1).
         num_items_per_process: items per task (>= 1): larger tasks cost less overhead,
             smaller ones give the first result sooner.
+        tasks_in_flight: how many tasks the workers may have queued, in progress or done
+            while the consumer works through the results of another (>= 1; None:
+            ``2 * num_processes``). More smooths over bursts of work in the consumer (e.g.
+            a shuffle block being read) at the cost of memory: up to
+            ``(tasks_in_flight + 1) * num_items_per_process`` items and their results.
         start_method: multiprocessing start method of the workers (None: the default).
         snapshot_every: the source's state is recorded every `snapshot_every` items while
             dispatching (>= 1); this bounds what a restore replays.
@@ -202,6 +209,7 @@ class ParallelMapIterator(Stage[Any]):
         num_processes: int,
         num_items_per_process: int,
         *,
+        tasks_in_flight: int | None = None,
         start_method: str | None = None,
         snapshot_every: int = 100,
     ) -> None:
@@ -210,6 +218,9 @@ class ParallelMapIterator(Stage[Any]):
         require_callable(owner, "transform", transform)
         require_int(owner, "num_processes", num_processes, 1)
         require_int(owner, "num_items_per_process", num_items_per_process, 1)
+        if tasks_in_flight is None:
+            tasks_in_flight = 2 * num_processes
+        require_int(owner, "tasks_in_flight", tasks_in_flight, 1)
         require_int(owner, "snapshot_every", snapshot_every, 1)
         _workers.get_context(owner, start_method)
         self._source = source_iterator
@@ -219,6 +230,7 @@ class ParallelMapIterator(Stage[Any]):
             transform,
             num_processes,
             num_items_per_process,
+            tasks_in_flight,
             snapshot_every,
             start_method,
         )

@@ -142,7 +142,25 @@ def test_results_stream_before_a_whole_round_is_done(tmp_path: Path) -> None:
         assert list(pipeline) == list(range(1, 12))
 
 
+@pytest.mark.parametrize(
+    ("tasks_in_flight", "expected"), [(None, (4 + 1) * 3), (1, (1 + 1) * 3), (5, (5 + 1) * 3)]
+)
+def test_tasks_in_flight_bounds_what_is_read_ahead(
+    tasks_in_flight: int | None, expected: int
+) -> None:
+    pulled: list[int] = []
+    source = it.MapIterator(native(100), lambda x: pulled.append(x) or x)
+    with it.ParallelMapIterator(source, square, 2, 3, tasks_in_flight=tasks_in_flight) as stage:
+        assert next(stage) == 0
+        time.sleep(0.2)  # the workers finish what they have; nothing more is dispatched
+        # tasks_in_flight tasks queued or in progress, plus the one being consumed
+        assert len(pulled) == expected
+        assert list(stage) == [x * x for x in range(1, 100)]
+
+
 def test_argument_errors() -> None:
+    with pytest.raises(ValueError, match="tasks_in_flight must be >= 1, got 0"):
+        it.ParallelMapIterator(native(3), square, 1, 1, tasks_in_flight=0)
     with pytest.raises(ValueError, match="num_processes"):
         it.ParallelMapIterator(native(3), square, 0, 1)
     with pytest.raises(ValueError, match="num_items_per_process"):
