@@ -51,6 +51,7 @@ from .sources import (
     RandomIterator,
     create_source_iterator,
 )
+from .weighted import WeightedMultiplexIterator
 from .windowing import WindowedIterator
 
 logger = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ __all__ = [
     "RecurrentIterator",
     "SamplingRandomMapIterator",
     "SelectManyIterator",
+    "WeightedMultiplexIterator",
     "WindowedIterator",
     "ZipIterator",
     "create_source_iterator",

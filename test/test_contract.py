@@ -91,6 +91,18 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
             [native(10), it.RandomIterator(2), it.MapIterator(native(12), add_one)],
         )
     ],
+    "WeightedMultiplexIterator": [
+        lambda: it.WeightedMultiplexIterator([native(20), native(9), native(30)], [1, 2.5, 0.5], 3),
+        lambda: it.WeightedMultiplexIterator(
+            [native(12), it.RandomIterator(4), native(7)], [3, 1, 2], exact=True
+        ),
+        lambda: it.WeightedMultiplexIterator(
+            [native(15), native(6)], [1, 1], 5, stop_on="first_exhausted"
+        ),
+        lambda: it.WeightedMultiplexIterator(
+            [native(10), native(8)], [0.25, 0.75], exact=True, stop_on="first_exhausted"
+        ),
+    ],
     "WindowedIterator": [
         lambda: it.WindowedIterator(native(150), 3),
         lambda: it.WindowedIterator(native(4), 6),
