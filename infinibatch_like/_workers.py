@@ -326,35 +326,39 @@ class Channel(Resource):
 
 
 class ThreadChannel(Channel):
-    """`produce` in a daemon thread, items passed by reference through a `queue.Queue`."""
+    """`messages` iterated by a daemon thread and passed by reference through a
+    `queue.Queue` of `slots` messages.
+
+    `where` names the thread in the notes of the exceptions it raises; with ``where=None``
+    they are passed on unchanged (they were described where they started).
+    """
 
     def __init__(
         self,
-        source: Iterator[Any],
-        replay: int,
-        snapshot_every: int,
-        max_batch: int,
+        messages: Iterator[Message],
         slots: int,
         name: str,
         warn_empty: bool,
+        where: str | None,
+        upstream: Channel | None = None,
     ) -> None:
         super().__init__()
-        self.where = f"in the worker thread of {name} (reading {chain_names(source)})"
+        self.where = where or ""
         self._queue: queue.Queue[Message] = queue.Queue(slots)
         self._stop = threading.Event()
         self._warn_empty = warn_empty
         self._name = name
+        self._upstream = upstream
         self._thread = threading.Thread(
             target=self._run,
-            args=(source, replay, snapshot_every, max_batch),
+            args=(messages, where),
             name=f"infinibatch_like.{name}.worker",
             daemon=True,
         )
         self._thread.start()
 
-    def _run(self, source: Iterator[Any], replay: int, every: int, max_batch: int) -> None:
+    def _run(self, messages: Iterator[Message], where: str | None) -> None:
         put, stop = self._queue.put, self._stop
-        messages = produce(source, replay, every, max_batch)
         try:
             for message in messages:
                 put(message)
@@ -362,7 +366,7 @@ class ThreadChannel(Channel):
                     return
         except BaseException as error:
             if not stop.is_set():
-                put((ERROR, error, None))
+                put((ERROR, error, where))
         finally:
             messages.close()  # type: ignore[attr-defined]
 
@@ -385,11 +389,15 @@ class ThreadChannel(Channel):
                             f"{self._name}: its worker thread stopped without a result"
                         ) from None
         if message[0] == ERROR:
-            raise_local(message[1], self.where)
+            if message[2] is None:
+                raise message[1]
+            raise_local(message[1], message[2])
         return message
 
     def _shutdown(self) -> None:
         self._stop.set()
+        if self._upstream is not None:  # unblocks a relay waiting for the worker process
+            self._upstream.shutdown()
         deadline = time.monotonic() + 60.0
         while self._thread.is_alive():
             try:  # unblock a worker waiting for room in the queue
@@ -400,6 +408,34 @@ class ThreadChannel(Channel):
             self._thread.join(0.01)
             if time.monotonic() > deadline:
                 raise WorkerError(f"{self._name}: its worker thread did not stop in 60 s")
+
+
+def thread_channel(
+    source: Iterator[Any],
+    replay: int,
+    snapshot_every: int,
+    max_batch: int,
+    slots: int,
+    name: str,
+    warn_empty: bool,
+) -> ThreadChannel:
+    """`produce` over `source` in a worker thread."""
+    where = f"in the worker thread of {name} (reading {chain_names(source)})"
+    messages = produce(source, replay, snapshot_every, max_batch)
+    return ThreadChannel(messages, slots, name, warn_empty, where)
+
+
+def _relay(channel: Channel) -> Iterator[Message]:
+    while True:
+        message = channel.receive()
+        yield message
+        if message[0] == END:
+            return
+
+
+def buffered_channel(channel: Channel, slots: int, name: str, warn_empty: bool) -> ThreadChannel:
+    """`channel`'s messages received ahead, by a thread of this process, into a buffer here."""
+    return ThreadChannel(_relay(channel), slots, name, warn_empty, None, upstream=channel)
 
 
 def _ignore_interrupts() -> None:

@@ -41,10 +41,12 @@ class _PrefetchRunner:
         mode: str,
         start_method: str | None,
         warn_empty: bool,
+        buffer_in_main_process: bool,
     ) -> None:
         self.source = source
         self.slots, self.max_batch, self.snapshot_every = slots, max_batch, snapshot_every
         self.mode, self.start_method, self.warn_empty = mode, start_method, warn_empty
+        self.buffer_in_main_process = buffer_in_main_process
         self.channel: _workers.Channel | None = None
         self.cursor = _Cursor({}, 0)
 
@@ -54,21 +56,22 @@ class _PrefetchRunner:
             channel.shutdown()
 
     def _start(self) -> _workers.Channel:
-        replay = self.cursor.base
-        args = (
-            self.source,
-            replay,
-            self.snapshot_every,
-            self.max_batch,
-            self.slots,
-            "PrefetchIterator",
-            self.warn_empty,
-        )
-        channel: _workers.Channel = (
-            _workers.ThreadChannel(*args)
-            if self.mode == "thread"
-            else _workers.ProcessChannel(*args, self.start_method)
-        )
+        name, source, replay, slots = "PrefetchIterator", self.source, self.cursor.base, self.slots
+        every, max_batch, warn_empty = self.snapshot_every, self.max_batch, self.warn_empty
+        channel: _workers.Channel
+        if self.mode == "thread":
+            channel = _workers.thread_channel(
+                source, replay, every, max_batch, slots, name, warn_empty
+            )
+        elif self.buffer_in_main_process:  # a small pipe; the buffer is a thread's queue here
+            process = _workers.ProcessChannel(
+                source, replay, every, max_batch, min(2, slots), name, False, self.start_method
+            )
+            channel = _workers.buffered_channel(process, slots, name, warn_empty)
+        else:
+            channel = _workers.ProcessChannel(
+                source, replay, every, max_batch, slots, name, warn_empty, self.start_method
+            )
         self.channel = channel
         return channel
 
@@ -107,8 +110,11 @@ class PrefetchIterator(Stage[Any]):
     Args:
         source_iterator: the source; it is reset.
         buffer_size: how many items may wait in the buffer (>= 1).
-        buffer_in_main_process: accepted for infinibatch compatibility; the buffer is
-            always a bounded queue read by the consumer.
+        buffer_in_main_process: with ``mode="process"``, keep the buffer in the
+            consumer's process: a thread there (``infinibatch_like.PrefetchIterator.worker``)
+            receives and unpickles the worker's items ahead of the consumer, so that
+            ``next()`` finds them ready. Otherwise the buffer is the pipe from the worker
+            and the consumer unpickles items as it takes them. No effect in thread mode.
         log_empty_buffer_warning: log a warning (``logging``, logger ``infinibatch_like``)
             whenever the consumer finds the buffer empty and has to wait.
         mode: ``"process"`` (a worker process: CPU-bound sources run in parallel; items
@@ -170,6 +176,7 @@ class PrefetchIterator(Stage[Any]):
             mode,
             start_method,
             bool(log_empty_buffer_warning),
+            bool(buffer_in_main_process),
         )
         self._finalizer = weakref.finalize(self, self._runner.stop)
         self._restore(None)

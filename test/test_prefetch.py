@@ -61,9 +61,18 @@ def numpy_row(i: int) -> Any:
     return np.arange(i, i + 1000, dtype=np.int64)
 
 
+MODES = ["process", "buffered", "thread"]  # "buffered": process, buffer_in_main_process=True
+
+
+def prefetch(source: Any, size: int, mode: str = "process", **kwargs: Any) -> PrefetchIterator:
+    if mode == "buffered":
+        return PrefetchIterator(source, size, True, mode="process", **kwargs)
+    return PrefetchIterator(source, size, mode=mode, **kwargs)
+
+
 def chunk_pipeline(mode: str = "process", method: str | None = None, every: int = 4) -> Any:
     source = it.SelectManyIterator(it.NativeCheckpointableIterator(list(range(12))), read_lines)
-    return PrefetchIterator(source, 5, mode=mode, start_method=method, snapshot_every=every)
+    return prefetch(source, 5, mode, start_method=method, snapshot_every=every)
 
 
 def expected_lines() -> list[str]:
@@ -87,10 +96,14 @@ def children() -> list[Any]:
     return multiprocessing.active_children()
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_every_start_method_gives_the_source_and_restores_exactly(method: str) -> None:
+@pytest.mark.parametrize(
+    ("method", "mode"), [(method, "process") for method in METHODS] + [(None, "buffered")]
+)
+def test_every_start_method_gives_the_source_and_restores_exactly(
+    method: str | None, mode: str
+) -> None:
     expected = expected_lines()
-    with chunk_pipeline(method=method) as pipeline:
+    with chunk_pipeline(mode, method) as pipeline:
         got, states = [], []
         for _ in expected:
             states.append(pipeline.getstate())
@@ -100,10 +113,10 @@ def test_every_start_method_gives_the_source_and_restores_exactly(method: str) -
             next(pipeline)
         end_state = pipeline.getstate()
     for k in (0, 1, 9, 23, len(expected) - 1):
-        with chunk_pipeline(method=method) as fresh:
+        with chunk_pipeline(mode, method) as fresh:
             fresh.setstate(json.loads(json.dumps(states[k])))
             assert list(fresh) == expected[k:]
-    with chunk_pipeline(method=method) as fresh:
+    with chunk_pipeline(mode, method) as fresh:
         fresh.setstate(end_state)
         assert list(fresh) == []
     assert not children()
@@ -148,7 +161,7 @@ def test_unpicklable_pipeline_under_spawn_names_the_stage() -> None:
     assert not children()
 
 
-@pytest.mark.parametrize("mode", ["process", "thread"])
+@pytest.mark.parametrize("mode", MODES)
 def test_after_close_next_and_setstate_raise(mode: str) -> None:
     pipeline = chunk_pipeline(mode)
     next(pipeline)
@@ -170,10 +183,10 @@ def test_empty_buffer_warning_is_logged(caplog: pytest.LogCaptureFixture) -> Non
     assert any("buffer is empty" in record.getMessage() for record in caplog.records)
 
 
-@pytest.mark.parametrize("mode", ["process", "thread"])
+@pytest.mark.parametrize("mode", MODES)
 def test_worker_exception_reaches_the_consumer_with_traceback_and_stage(mode: str) -> None:
     source = it.MapIterator(it.NativeCheckpointableIterator(list(range(30))), explode_at_17)
-    with PrefetchIterator(source, 4, mode=mode) as pipeline:
+    with prefetch(source, 4, mode) as pipeline:
         got: list[Any] = []
         with pytest.raises(ValueError, match="bad item 17") as info:
             drain(pipeline, got)
@@ -181,15 +194,17 @@ def test_worker_exception_reaches_the_consumer_with_traceback_and_stage(mode: st
         text = "".join(traceback.format_exception(info.value))
         assert "explode_at_17" in text
         assert "PrefetchIterator" in text
+        assert len(getattr(info.value, "__notes__", [])) <= 1  # described once
         # the stage stays halted until a restore
         with pytest.raises(RuntimeError, match="stopped after an error"):
             next(pipeline)
     assert not children()
 
 
-def test_killed_worker_raises_a_clear_error() -> None:
+@pytest.mark.parametrize("mode", ["process", "buffered"])
+def test_killed_worker_raises_a_clear_error(mode: str) -> None:
     source = it.InfinitePermutationSourceIterator(list(range(10)), seed=1)
-    with PrefetchIterator(source, 8) as pipeline:
+    with prefetch(source, 8, mode) as pipeline:
         next(pipeline)
         (worker,) = children()
         os.kill(worker.pid, signal.SIGKILL)
@@ -203,7 +218,7 @@ def test_killed_worker_raises_a_clear_error() -> None:
     assert not children()
 
 
-@pytest.mark.parametrize("mode", ["process", "thread"])
+@pytest.mark.parametrize("mode", MODES)
 def test_nothing_outlives_close_gc_or_the_context_manager(mode: str) -> None:
     warm = chunk_pipeline(mode)
     next(warm)
@@ -219,7 +234,7 @@ def test_nothing_outlives_close_gc_or_the_context_manager(mode: str) -> None:
     next(dropped)
     del dropped
     gc.collect()
-    nested = PrefetchIterator(chunk_pipeline(mode), 3, mode=mode)
+    nested = prefetch(chunk_pipeline(mode), 3, mode)
     next(nested)
     nested.close()
     assert not children()
@@ -325,3 +340,38 @@ def test_interpreter_exit_stops_workers() -> None:
 
 def test_keyboard_interrupt_in_the_consumer_leaves_nothing_behind() -> None:
     _run_child("while True:\n    next(pipeline)\n    time.sleep(0.001)", interrupt=True)
+
+
+UNPICKLED_IN: list[str] = []
+
+
+def _unpickle_marker(value: int) -> int:
+    UNPICKLED_IN.append(threading.current_thread().name)
+    return value
+
+
+class Marker:
+    """Records the thread that unpickles it (in the consumer's process)."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _unpickle_marker, (self.value,)
+
+
+def marker(x: int) -> Marker:
+    return Marker(x)
+
+
+@pytest.mark.parametrize(
+    ("buffered", "thread"),
+    [(False, "MainThread"), (True, "infinibatch_like.PrefetchIterator.worker")],
+)
+def test_buffer_in_main_process_receives_ahead_in_a_thread(buffered: bool, thread: str) -> None:
+    UNPICKLED_IN.clear()
+    source = it.MapIterator(it.NativeCheckpointableIterator(list(range(40))), marker)
+    with PrefetchIterator(source, 8, buffered) as pipeline:
+        assert list(pipeline) == list(range(40))
+    assert set(UNPICKLED_IN) == {thread}
+    assert not children()
