@@ -39,7 +39,7 @@ from itertools import islice
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from types import FrameType, TracebackType
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from ._base import Stage, State, StateMismatchError, fast_iterator
 
@@ -410,19 +410,21 @@ class ThreadChannel(Channel):
                 raise WorkerError(f"{self._name}: its worker thread did not stop in 60 s")
 
 
+class Production(NamedTuple):
+    """The arguments of `produce`: what a producer worker runs."""
+
+    source: Iterator[Any]
+    replay: int
+    snapshot_every: int
+    max_batch: int
+
+
 def thread_channel(
-    source: Iterator[Any],
-    replay: int,
-    snapshot_every: int,
-    max_batch: int,
-    slots: int,
-    name: str,
-    warn_empty: bool,
+    production: Production, slots: int, name: str, warn_empty: bool
 ) -> ThreadChannel:
-    """`produce` over `source` in a worker thread."""
-    where = f"in the worker thread of {name} (reading {chain_names(source)})"
-    messages = produce(source, replay, snapshot_every, max_batch)
-    return ThreadChannel(messages, slots, name, warn_empty, where)
+    """`produce` in a worker thread."""
+    where = f"in the worker thread of {name} (reading {chain_names(production.source)})"
+    return ThreadChannel(produce(*production), slots, name, warn_empty, where)
 
 
 def _relay(channel: Channel) -> Iterator[Message]:
@@ -494,15 +496,13 @@ class ProcessChannel(Channel):
 
     def __init__(
         self,
-        source: Iterator[Any],
-        replay: int,
-        snapshot_every: int,
-        max_batch: int,
+        production: Production,
         slots: int,
         name: str,
         warn_empty: bool,
         start_method: str | None,
     ) -> None:
+        source, replay, snapshot_every, max_batch = production
         context = get_context(name, start_method)
         method = context.get_start_method()
         payload = None

@@ -56,21 +56,21 @@ class _PrefetchRunner:
             channel.shutdown()
 
     def _start(self) -> _workers.Channel:
-        name, source, replay, slots = "PrefetchIterator", self.source, self.cursor.base, self.slots
-        every, max_batch, warn_empty = self.snapshot_every, self.max_batch, self.warn_empty
+        name, slots, warn_empty = "PrefetchIterator", self.slots, self.warn_empty
+        production = _workers.Production(
+            self.source, self.cursor.base, self.snapshot_every, self.max_batch
+        )
         channel: _workers.Channel
         if self.mode == "thread":
-            channel = _workers.thread_channel(
-                source, replay, every, max_batch, slots, name, warn_empty
-            )
+            channel = _workers.thread_channel(production, slots, name, warn_empty)
         elif self.buffer_in_main_process:  # a small pipe; the buffer is a thread's queue here
             process = _workers.ProcessChannel(
-                source, replay, every, max_batch, min(2, slots), name, False, self.start_method
+                production, min(2, slots), name, False, self.start_method
             )
             channel = _workers.buffered_channel(process, slots, name, warn_empty)
         else:
             channel = _workers.ProcessChannel(
-                source, replay, every, max_batch, slots, name, warn_empty, self.start_method
+                production, slots, name, warn_empty, self.start_method
             )
         self.channel = channel
         return channel
