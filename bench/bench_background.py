@@ -1,14 +1,22 @@
 """Background execution: PrefetchIterator and ParallelMapIterator, as ratios measured in one run.
 
-(a) gzip chunks -> chunked_dataset_iterator (blockwise shuffle 100,000, prefetch=True) ->
-    tokenize in ParallelMapIterator(num_processes=2) -> BucketedReadaheadBatchIterator,
-    against the same pipeline in single-process infinibatch 0.1.1 (same seed, same batches);
+(a) gzip chunks -> chunked_dataset_iterator (blockwise shuffle 100,000) -> tokenize ->
+    BucketedReadaheadBatchIterator, against the same pipeline in single-process infinibatch
+    0.1.1 (same seed, same batches). Our configurations, measured side by side:
+      single      everything in the consumer's process (MapIterator);
+      parallel    the next 2 chunks read in threads (read_ahead_chunks=2), tokenize in
+                  ParallelMapIterator(2 processes, 500 items per task, 8 tasks in flight);
+      +prefetch   as parallel, with chunked_dataset_iterator(prefetch=True): the chunks are
+                  read (2 ahead, in threads) and split into lines by a process
+                  PrefetchIterator ahead of the shuffle (the judged configuration).
+    Besides wall-clock ratios, the CPU time of each run (consumer + worker processes) is
+    recorded: with 2 cores, 2 * CPU(infinibatch) / CPU(ours) bounds the possible speed-up.
 (b) a ~1 ms CPU-bound transform: ParallelMapIterator(2 processes) vs MapIterator;
 (c) a producer and a consumer of 1 ms each: PrefetchIterator (process mode) vs none, and
     thread mode with an I/O-bound (sleeping) producer and a consumer that waits (as a
     training step waits for the GPU) rather than spinning (which would hold the GIL);
-(d) restore latency (fresh pipeline + setstate + first batch) of (a) with vs without the
-    background stages.
+(d) restore latency (fresh pipeline + setstate + first batch) of the judged (a) pipeline
+    with vs without the background stages.
 
 Wall-clock time is the clock here (the point is parallelism); each figure is the median of
 ``--reps`` runs. Run ``python bench/bench_background.py [--quick]``; results go to
@@ -19,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import resource
 import sys
 import time
 from collections.abc import Callable
@@ -85,15 +94,45 @@ def infinibatch_pipeline(chunks: list[str]) -> Any:
     )
 
 
-def ours_pipeline(chunks: list[str], background: bool = True) -> Any:
-    samples = ours_chunked(chunks, read_chunk, BLOCK, seed=1, prefetch=background)
+def ours_pipeline(chunks: list[str], config: str = "+prefetch") -> Any:
+    """Our pipeline in one of the configurations of the module docstring."""
+    background = config != "single"
+    samples = ours_chunked(
+        chunks,
+        read_chunk,
+        BLOCK,
+        seed=1,
+        prefetch=config == "+prefetch",
+        read_ahead_chunks=2 if background else 0,
+    )
     if background:
-        tokens: Any = ours.ParallelMapIterator(samples, tokenize, 2, 500)
+        tokens: Any = ours.ParallelMapIterator(samples, tokenize, 2, 500, tasks_in_flight=8)
     else:
         tokens = ours.MapIterator(samples, tokenize)
     return ours.BucketedReadaheadBatchIterator(
         tokens, read_ahead=READ_AHEAD, key=len, batch_size=batch_size_for, seed=2
     )
+
+
+CONFIGS = ("single", "parallel", "+prefetch")
+JUDGED = "+prefetch"
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measured_run(make: Callable[[], Any], lines: int) -> tuple[float, float, list[Any]]:
+    """(wall seconds, CPU seconds of this process and its finished children, first batches)."""
+    cpu_before, children_before = time.process_time(), children_cpu()
+    started = time.perf_counter()
+    pipeline = make()
+    first = consume_lines(pipeline, lines)
+    wall = time.perf_counter() - started
+    close(pipeline)  # reaps the workers, so that their CPU time is counted
+    cpu = time.process_time() - cpu_before + children_cpu() - children_before
+    return wall, cpu, first
 
 
 def consume_lines(pipeline: Any, lines: int) -> list[list[int]]:
@@ -134,28 +173,54 @@ def main(argv: list[str] | None = None) -> int:
     lib, why = _util.load_library("infinibatch")
     if lib is None:
         print(f"[bench] infinibatch unavailable ({why}); (a) skipped", file=sys.stderr)
-        ratio_a = None
     else:
-        times_ib, times_ours = [], []
-        same = True
+        wall: dict[str, list[float]] = {name: [] for name in ("infinibatch", *CONFIGS)}
+        cpu: dict[str, list[float]] = {name: [] for name in wall}
+        same = {name: True for name in CONFIGS}
         for _ in range(args.reps):
-            pipeline = infinibatch_pipeline(chunks)
-            started = time.perf_counter()
-            reference = consume_lines(pipeline, lines)
-            times_ib.append(time.perf_counter() - started)
-            pipeline = ours_pipeline(chunks)
-            started = time.perf_counter()
-            got = consume_lines(pipeline, lines)
-            times_ours.append(time.perf_counter() - started)
-            close(pipeline)
-            same = same and got == reference
-        ratio_a = median(times_ib) / median(times_ours)
+            seconds, cpu_seconds, reference = measured_run(
+                lambda: infinibatch_pipeline(chunks), lines
+            )
+            wall["infinibatch"].append(seconds)
+            cpu["infinibatch"].append(cpu_seconds)
+            for config in CONFIGS:
+                seconds, cpu_seconds, got = measured_run(
+                    lambda config=config: ours_pipeline(chunks, config), lines
+                )
+                wall[config].append(seconds)
+                cpu[config].append(cpu_seconds)
+                same[config] = same[config] and got == reference
+        ib_wall, ib_cpu = median(wall["infinibatch"]), median(cpu["infinibatch"])
+        configs = {}
+        for config in CONFIGS:
+            speedup = ib_wall / median(wall[config])
+            bound = 2 * ib_cpu / median(cpu[config])
+            configs[config] = {
+                "wall_s": wall[config],
+                "cpu_s": cpu[config],
+                "speedup": speedup,
+                "cpu_bound_2_cores": bound,
+                "same_batches": same[config],
+            }
+            judged = config == JUDGED
+            rows.append(
+                [
+                    f"(a) pipeline, {config}, vs infinibatch 0.1.1",
+                    speedup,
+                    ">= 1.7" if judged else "-",
+                    (verdict(speedup, 1.7, True) if judged else "")
+                    + ("" if same[config] else " (BATCHES DIFFER)")
+                    + f" (CPU bound {bound:.2f})",
+                ]
+            )
         results["a_pipeline"] = {
-            "lines": lines, "infinibatch_s": times_ib, "ours_s": times_ours,
-            "speedup": ratio_a, "same_batches": same,
+            "lines": lines,
+            "infinibatch_wall_s": wall["infinibatch"],
+            "infinibatch_cpu_s": cpu["infinibatch"],
+            "configs": configs,
+            "judged": JUDGED,
+            "speedup": configs[JUDGED]["speedup"],
         }
-        rows.append(["(a) pipeline vs infinibatch 0.1.1", ratio_a, ">= 1.7",
-                     verdict(ratio_a, 1.7, True) + ("" if same else " (BATCHES DIFFER)")])
 
     # (b) -------------------------------------------------------------------------------
     def run_map() -> None:
@@ -214,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
                  ">= 1.8", verdict(ratio_ct, 1.8, True)])
 
     # (d) -------------------------------------------------------------------------------
-    def restore_latency(background: bool) -> list[float]:
-        pipeline = ours_pipeline(chunks, background)
+    def restore_latency(config: str) -> list[float]:
+        pipeline = ours_pipeline(chunks, config)
         for _ in itertools.islice(pipeline, 40):
             pass
         state = pipeline.getstate()
@@ -223,15 +288,15 @@ def main(argv: list[str] | None = None) -> int:
         samples = []
         for _ in range(args.reps):
             started = time.perf_counter()
-            fresh = ours_pipeline(chunks, background)
+            fresh = ours_pipeline(chunks, config)
             fresh.setstate(state)
             next(fresh)
             samples.append(time.perf_counter() - started)
             close(fresh)
         return samples
 
-    with_bg = restore_latency(True)
-    without_bg = restore_latency(False)
+    with_bg = restore_latency(JUDGED)
+    without_bg = restore_latency("single")
     ratio_d = median(with_bg) / median(without_bg)
     results["d_restore_latency"] = {"with_background_s": with_bg, "without_s": without_bg,
                                     "ratio": ratio_d}
