@@ -79,6 +79,8 @@ class StateMismatchError(ValueError):
         return StateMismatchError(self.reason, (where, *self.path))
 
     def __str__(self) -> str:
+        if not self.path:  # rebuilt from its message, as torch re-raises a worker's error
+            return self.reason
         return f"checkpoint does not fit this pipeline at {' > '.join(self.path)}: {self.reason}"
 
 

@@ -1,0 +1,294 @@
+"""Padding a batch of variable-length items into one numpy array or torch tensor.
+
+This module imports torch only when asked for tensors (``to="torch"``): the numpy path works
+where torch is not installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, overload
+
+import numpy as np
+import numpy.typing as npt
+
+from .._base import require_int
+
+if TYPE_CHECKING:
+    import torch
+
+PadValue = int | float | bool
+"""A pad value: it must be representable in the result's dtype."""
+
+# How far a value of each numpy kind may be cast without losing its meaning: booleans fit
+# every numeric dtype, integers (signed or not) fit integers and floats, floats fit floats.
+_KIND_RANK = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
+
+
+class PaddedArrays(NamedTuple):
+    """A padded batch as numpy arrays.
+
+    Attributes:
+        values: shape ``(batch, length, *item_shape)``; row i holds item i, then pad values.
+        lengths: shape ``(batch,)``, int64: the length of each item (after truncation).
+        mask: shape ``(batch, length)``, bool, True where `values` holds an item's element;
+            None if not requested.
+    """
+
+    values: npt.NDArray[Any]
+    lengths: npt.NDArray[np.int64]
+    mask: npt.NDArray[np.bool_] | None
+
+
+class PaddedTensors(NamedTuple):
+    """A padded batch as CPU torch tensors, laid out as `PaddedArrays`.
+
+    The tensors are contiguous and may be pinned: ``DataLoader(..., pin_memory=True)``
+    pins all three through `pin_memory`.
+    """
+
+    values: torch.Tensor
+    lengths: torch.Tensor
+    mask: torch.Tensor | None
+
+    def pin_memory(self) -> PaddedTensors:
+        """The same batch in page-locked memory (needs an accelerator)."""
+        return self._map(lambda tensor: tensor.pin_memory())
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> PaddedTensors:
+        """The same batch on `device`, e.g. ``batch.to("cuda", non_blocking=True)``."""
+        return self._map(lambda tensor: tensor.to(device, non_blocking=non_blocking))
+
+    def _map(self, move: Callable[[torch.Tensor], torch.Tensor]) -> PaddedTensors:
+        mask = self.mask
+        return PaddedTensors(
+            move(self.values), move(self.lengths), None if mask is None else move(mask)
+        )
+
+
+@overload
+def pad_batch(
+    items: Sequence[Any],
+    *,
+    pad_value: PadValue = 0,
+    dtype: npt.DTypeLike | None = None,
+    to: Literal["numpy"] = "numpy",
+    padding: Literal["longest", "max_length"] = "longest",
+    max_length: int | None = None,
+    truncate: bool = False,
+    with_mask: bool = True,
+) -> PaddedArrays: ...
+
+
+@overload
+def pad_batch(
+    items: Sequence[Any],
+    *,
+    pad_value: PadValue = 0,
+    dtype: torch.dtype | None = None,
+    to: Literal["torch"],
+    padding: Literal["longest", "max_length"] = "longest",
+    max_length: int | None = None,
+    truncate: bool = False,
+    with_mask: bool = True,
+) -> PaddedTensors: ...
+
+
+def pad_batch(
+    items: Sequence[Any],
+    *,
+    pad_value: PadValue = 0,
+    dtype: Any = None,
+    to: Literal["numpy", "torch"] = "numpy",
+    padding: Literal["longest", "max_length"] = "longest",
+    max_length: int | None = None,
+    truncate: bool = False,
+    with_mask: bool = True,
+) -> PaddedArrays | PaddedTensors:
+    """Pad variable-length items to one length and stack them, with lengths and a mask.
+
+    Each item is a sequence of numbers (a list, a 1-D numpy array or CPU tensor), or an
+    array whose first axis is its length and whose other axes (e.g. feature channels) are
+    the same for every item; an empty item may be given as ``[]``. Row i of the result
+    holds item i followed by `pad_value`. Use it as a DataLoader's ``collate_fn`` with
+    ``functools.partial(pad_batch, to="torch", pad_value=...)`` (a partial pickles, for
+    workers under ``spawn``).
+
+    Args:
+        items: the batch.
+        pad_value: the value of the padding positions; it must fit `dtype` exactly when
+            that is an integer or bool dtype.
+        dtype: the element type: for ``to="numpy"`` anything `numpy.dtype` accepts, for
+            ``to="torch"`` a `torch.dtype`; None infers it from the items (as numpy does:
+            Python ints give int64, floats float64). Integer items fit integer and float
+            dtypes (values are range-checked), floats only float dtypes.
+        to: ``"numpy"`` for `PaddedArrays`, ``"torch"`` for `PaddedTensors` (CPU).
+        padding: ``"longest"`` pads to the longest item (after truncation);
+            ``"max_length"`` pads to `max_length` always (a fixed shape).
+        max_length: the most elements an item may have; None means no limit.
+        truncate: what to do with an item longer than `max_length`: False raises, True
+            keeps its first `max_length` elements.
+        with_mask: also return the boolean mask (the lengths are always returned).
+
+    Returns:
+        `PaddedArrays` or `PaddedTensors`: ``(values, lengths, mask)``.
+
+    Raises:
+        ValueError: for an empty batch, an item that is ragged inside, has no length
+            axis, or another item shape; an item longer than `max_length` without
+            `truncate`; an integer item value or `pad_value` that does not fit `dtype`; a
+            bad `to`, `padding` or `max_length`.
+        TypeError: for an item that is not numeric, or that `dtype` cannot hold without
+            losing meaning (floats into an integer dtype), or a `dtype` of the wrong kind.
+    """
+    if to not in ("numpy", "torch"):
+        raise ValueError(f"pad_batch: to must be 'numpy' or 'torch', got {to!r}")
+    width = _padded_width_option(padding, max_length)
+    if not isinstance(pad_value, (int, float)):
+        raise TypeError(f"pad_batch: pad_value must be an int, float or bool, got {pad_value!r}")
+    arrays = _item_arrays(items)
+    lengths = np.array([len(array) for array in arrays], dtype=np.int64)
+    if max_length is not None and int(lengths.max()) > max_length:
+        if not truncate:
+            index = int(np.argmax(lengths > max_length))
+            raise ValueError(
+                f"pad_batch: items[{index}] has length {lengths[index]} > max_length="
+                f"{max_length}; pass truncate=True to cut it"
+            )
+        np.minimum(lengths, max_length, out=lengths)
+    if width is None:
+        width = int(lengths.max())
+    staging, final = _dtypes(dtype, to, arrays)
+    _check_pad_value(pad_value, staging)
+    values = np.full((len(arrays), width, *_item_shape(arrays)), pad_value, dtype=staging)
+    for row, (array, length) in enumerate(zip(arrays, lengths.tolist(), strict=True)):
+        if length:
+            values[row, :length] = _checked_cast(array[:length], staging, row)
+    mask = np.arange(width) < lengths[:, None] if with_mask else None
+    if to == "numpy":
+        return PaddedArrays(values, lengths, mask)
+    return _as_tensors(values, lengths, mask, final)
+
+
+def _padded_width_option(padding: str, max_length: int | None) -> int | None:
+    """Validate `padding` and `max_length`; the fixed width if ``padding="max_length"``."""
+    if max_length is not None:
+        require_int("pad_batch", "max_length", max_length, 1)
+    if padding == "longest":
+        return None
+    if padding == "max_length":
+        if max_length is None:
+            raise ValueError("pad_batch: padding='max_length' needs max_length")
+        return max_length
+    raise ValueError(f"pad_batch: padding must be 'longest' or 'max_length', got {padding!r}")
+
+
+def _item_arrays(items: Sequence[Any]) -> list[npt.NDArray[Any]]:
+    if isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
+        raise TypeError(f"pad_batch: items must be a sequence of items, got {items!r:.80}")
+    if not items:
+        raise ValueError("pad_batch: items is empty: a batch needs at least one item")
+    arrays = []
+    for index, item in enumerate(items):
+        try:
+            array = np.asarray(item)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise ValueError(
+                f"pad_batch: items[{index}] cannot be read as a rectangular array of numbers "
+                f"({error})"
+            ) from None
+        if array.dtype.kind not in _KIND_RANK:
+            raise TypeError(
+                f"pad_batch: items[{index}] must hold numbers, got {array.dtype} values: "
+                f"{item!r:.80}"
+            )
+        if array.ndim == 0:
+            raise ValueError(
+                f"pad_batch: items[{index}] must be a sequence (with a length), got {item!r:.80}"
+            )
+        arrays.append(array)
+    return arrays
+
+
+def _item_shape(arrays: list[npt.NDArray[Any]]) -> tuple[int, ...]:
+    """The common shape of the items' elements; empty 1-D items fit any."""
+    shaped = [(index, a.shape[1:]) for index, a in enumerate(arrays) if a.ndim > 1 or len(a)]
+    if not shaped:
+        return ()
+    first_index, shape = shaped[0]
+    for index, other in shaped[1:]:
+        if other != shape:
+            raise ValueError(
+                f"pad_batch: items[{index}] has elements of shape {other}, but "
+                f"items[{first_index}] has {shape}; only the first axis may differ"
+            )
+    return shape
+
+
+def _dtypes(
+    dtype: Any, to: str, arrays: list[npt.NDArray[Any]]
+) -> tuple[np.dtype[Any], torch.dtype | None]:
+    """The numpy dtype to pad in and, for torch dtypes numpy lacks, the one to convert to."""
+    if dtype is None:
+        nonempty = [a.dtype for a in arrays if a.size] or [arrays[0].dtype]
+        return np.result_type(*nonempty), None
+    if to == "numpy":
+        try:
+            return np.dtype(dtype), None
+        except TypeError:
+            raise TypeError(
+                f"pad_batch: dtype must be a numpy dtype for to='numpy', got {dtype!r}"
+            ) from None
+    import torch
+
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"pad_batch: dtype must be a torch.dtype for to='torch', got {dtype!r}")
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype, None
+    except TypeError:  # e.g. bfloat16: pad in float32, then convert
+        if not dtype.is_floating_point:
+            raise TypeError(f"pad_batch: dtype {dtype} is not supported") from None
+        return np.dtype(np.float32), dtype
+
+
+def _check_pad_value(pad_value: PadValue, dtype: np.dtype[Any]) -> None:
+    if dtype.kind in "biu":
+        bounds = (0, 1) if dtype.kind == "b" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+        if not float(pad_value).is_integer() or not bounds[0] <= pad_value <= bounds[1]:
+            raise ValueError(f"pad_batch: pad_value {pad_value!r} does not fit dtype {dtype}")
+    elif dtype.kind not in "fc":
+        raise TypeError(f"pad_batch: dtype must be numeric, got {dtype}")
+
+
+def _checked_cast(array: npt.NDArray[Any], dtype: np.dtype[Any], index: int) -> npt.NDArray[Any]:
+    """`array` if its values fit `dtype` without losing meaning, else a clear error."""
+    if _KIND_RANK[array.dtype.kind] > _KIND_RANK[dtype.kind]:
+        raise TypeError(
+            f"pad_batch: items[{index}] holds {array.dtype} values, which dtype {dtype} "
+            "cannot hold; choose another dtype or convert the items first"
+        )
+    if dtype.kind in "iu" and array.dtype.kind in "iu" and not np.can_cast(array.dtype, dtype):
+        info = np.iinfo(dtype)
+        low, high = array.min(), array.max()
+        if low < info.min or high > info.max:
+            raise ValueError(
+                f"pad_batch: items[{index}] holds values in [{low}, {high}], outside the "
+                f"range of dtype {dtype}"
+            )
+    return array
+
+
+def _as_tensors(
+    values: npt.NDArray[Any],
+    lengths: npt.NDArray[np.int64],
+    mask: npt.NDArray[np.bool_] | None,
+    final: torch.dtype | None,
+) -> PaddedTensors:
+    import torch
+
+    tensor = torch.from_numpy(values)
+    return PaddedTensors(
+        tensor if final is None else tensor.to(final),
+        torch.from_numpy(lengths),
+        None if mask is None else torch.from_numpy(mask),
+    )
