@@ -12,6 +12,7 @@ import pytest
 import infinibatch_like.iterators as it
 from infinibatch_like._base import CheckpointableIterator
 from infinibatch_like.datasets import chunked_dataset_iterator
+from infinibatch_like.distributed import EqualLengthIterator
 from infinibatch_like.testing import assert_checkpointable
 
 CHUNKS = [[f"c{c}-{i}" for i in range(c % 4 + 1)] for c in range(9)]
@@ -102,6 +103,11 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
         lambda: it.WeightedMultiplexIterator(
             [native(10), native(8)], [0.25, 0.75], exact=True, stop_on="first_exhausted"
         ),
+    ],
+    "EqualLengthIterator": [
+        lambda: EqualLengthIterator(it.FixedBatchIterator(native(23), 4)),
+        lambda: EqualLengthIterator(native(17), "drop"),
+        lambda: EqualLengthIterator(native(9), fill=list),
     ],
     "WindowedIterator": [
         lambda: it.WindowedIterator(native(150), 3),

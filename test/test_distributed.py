@@ -1,0 +1,438 @@
+"""Many ranks: rank discovery, one gathered checkpoint, equal-length finite passes.
+
+The first part runs in this process (ranks simulated by threads that agree through a
+stand-in for ``all_reduce``); the second launches real jobs with ``torchrun`` (gloo on
+CPU, 2 and 3 ranks) running ``test/_torchrun_worker.py``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from itertools import cycle, islice
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import infinibatch_like.distributed as distributed
+import infinibatch_like.iterators as it
+from infinibatch_like import StateMismatchError
+from infinibatch_like.distributed import (
+    GATHERED_FORMAT,
+    EqualLengthIterator,
+    gather_state,
+    rank_and_world_size,
+    restore_state,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+WORKER = REPO / "test" / "_torchrun_worker.py"
+LAUNCH_TIMEOUT_S = 120
+
+# -- rank_and_world_size, gather_state and restore_state in one process -----------------
+
+
+@pytest.fixture
+def no_rank_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+
+def test_rank_and_world_size_sources(no_rank_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert rank_and_world_size() == (0, 1)
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert rank_and_world_size() == (2, 3)
+    monkeypatch.setenv("RANK", "3")
+    with pytest.raises(ValueError, match=r"need 0 <= \$RANK < \$WORLD_SIZE"):
+        rank_and_world_size()
+    monkeypatch.setenv("RANK", "x")
+    with pytest.raises(ValueError, match=r"\$RANK must be an integer, got 'x'"):
+        rank_and_world_size()
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ValueError, match="must be set together"):
+        rank_and_world_size()
+
+
+def test_gather_and_restore_with_one_rank(no_rank_env: None) -> None:
+    pipeline = it.FixedBatchIterator(it.NativeCheckpointableIterator(list(range(50))), 4)
+    next(pipeline)
+    gathered = gather_state(pipeline)
+    assert gathered == {
+        "format": GATHERED_FORMAT,
+        "world_size": 1,
+        "ranks": [pipeline.getstate()],
+    }
+    expected = [next(pipeline) for _ in range(3)]
+    buffer = io.BytesIO()
+    torch.save({"data": gathered}, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)["data"]
+    fresh = it.FixedBatchIterator(it.NativeCheckpointableIterator(list(range(50))), 4)
+    restore_state(fresh, loaded)
+    assert [next(fresh) for _ in range(3)] == expected
+    with pytest.raises(StateMismatchError, match="expected a state of MapIterator"):
+        restore_state(it.MapIterator(fresh, str), loaded)
+
+
+def test_restore_state_rejects_foreign_and_corrupt_checkpoints(no_rank_env: None) -> None:
+    pipeline = it.NativeCheckpointableIterator([1, 2, 3])
+    gathered = gather_state(pipeline)
+    with pytest.raises(
+        ValueError,
+        match=r"gather_state \(with 'format'.*\), got one with keys \['consumed', 'stage'\]",
+    ):
+        restore_state(pipeline, pipeline.getstate())
+    with pytest.raises(ValueError, match="expected a dict made by gather_state, got list"):
+        restore_state(pipeline, [gathered])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"corrupt: .* got world_size=2 and 1 states"):
+        restore_state(pipeline, {**gathered, "world_size": 2})
+    two_ranks = {**gathered, "world_size": 2, "ranks": gathered["ranks"] * 2}
+    with pytest.raises(ValueError, match="states of 2 ranks, but this job has 1; resuming"):
+        restore_state(pipeline, two_ranks)
+
+
+def test_collectives_without_a_process_group_refuse_several_ranks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    pipeline = it.NativeCheckpointableIterator([1, 2, 3])
+    message = "WORLD_SIZE is 2 but no torch.distributed process group is initialized"
+    with pytest.raises(RuntimeError, match="gather_state: .*" + message):
+        gather_state(pipeline)
+    with pytest.raises(RuntimeError, match="EqualLengthIterator: .*" + message):
+        next(EqualLengthIterator(pipeline))
+
+
+def test_importing_the_package_does_not_import_torch() -> None:
+    code = (
+        "import sys, infinibatch_like, infinibatch_like.distributed as d, "
+        "infinibatch_like.iterators; "
+        "assert 'torch' not in sys.modules, 'torch imported'; "
+        "assert d.rank_and_world_size() == (0, 1); print('ok')"
+    )
+    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE")}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.stdout.strip() == "ok", proc.stderr
+
+
+# -- EqualLengthIterator over simulated ranks ---------------------------------------------
+
+
+class ThreadGroup:
+    """Ranks on threads: `reduce` is an element-wise max over all ranks (a barrier)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.slots: list[list[int]] = [[] for _ in range(size)]
+        self.barrier = threading.Barrier(size, timeout=10)
+
+    def reduce(self, rank: int, flags: list[int]) -> list[int]:
+        self.slots[rank] = flags
+        self.barrier.wait()
+        result = [max(values) for values in zip(*self.slots, strict=True)]
+        self.barrier.wait()
+        return result
+
+
+class Member:
+    def __init__(self, group: ThreadGroup, rank: int) -> None:
+        self.group, self.rank = group, rank
+
+
+@pytest.fixture
+def thread_collectives(monkeypatch: pytest.MonkeyPatch) -> None:
+    def reduce(flags: list[int], member: Member) -> list[int]:
+        return member.group.reduce(member.rank, flags)
+
+    monkeypatch.setattr(distributed, "_all_reduce_max", reduce)
+
+
+def run_ranks(work: Callable[[int], Any], size: int) -> list[Any]:
+    """`work(rank)` on one thread per rank; each result, or the exception raised."""
+    results: list[Any] = [None] * size
+
+    def target(rank: int) -> None:
+        try:
+            results[rank] = work(rank)
+        except Exception as error:
+            results[rank] = error
+
+    threads = [threading.Thread(target=target, args=(rank,)) for rank in range(size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in threads), "a simulated rank hangs"
+    return results
+
+
+def shares_of(lengths: list[int]) -> list[list[str]]:
+    return [[f"r{rank}-{index}" for index in range(n)] for rank, n in enumerate(lengths)]
+
+
+def empty_batch() -> list[str]:
+    return []
+
+
+def wrapper(share: list[str], member: Any, policy: str, use_fill: bool) -> EqualLengthIterator[Any]:
+    source = it.NativeCheckpointableIterator(share)
+    return EqualLengthIterator(source, policy, fill=empty_batch if use_fill else None, group=member)
+
+
+def drain(pipeline: EqualLengthIterator[Any]) -> Iterator[tuple[Any, bool, dict[str, Any]]]:
+    """(item, is padding, state before the item) for each item; the end's state last."""
+    while True:
+        state = json.loads(json.dumps(pipeline.getstate()))
+        try:
+            item = next(pipeline)
+        except StopIteration:
+            yield None, False, state
+            return
+        yield item, pipeline.last_is_padding, state
+
+
+EQUAL = settings(
+    max_examples=60,
+    deadline=None,
+    # The fixture only swaps the collective for a thread barrier: nothing to reset.
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+
+@EQUAL
+@given(
+    lengths=st.lists(st.integers(0, 7), min_size=1, max_size=4),
+    policy=st.sampled_from(["pad", "drop"]),
+    use_fill=st.booleans(),
+    data=st.data(),
+)
+def test_every_rank_yields_the_same_number_of_items_and_restores_exactly(
+    thread_collectives: None,
+    lengths: list[int],
+    policy: str,
+    use_fill: bool,
+    data: st.DataObject,
+) -> None:
+    group, shares = ThreadGroup(len(lengths)), shares_of(lengths)
+
+    def work(rank: int) -> tuple[list[Any], dict[str, int], str]:
+        pipeline = wrapper(shares[rank], Member(group, rank), policy, use_fill)
+        return list(drain(pipeline)), pipeline.counts, pipeline.getstate()["phase"]
+
+    results = run_ranks(work, len(lengths))
+    stuck = policy == "pad" and not use_fill and 0 in lengths and max(lengths) > 0
+    if stuck:
+        for result in results:
+            assert isinstance(result, RuntimeError)
+            assert "nothing to repeat as padding; pass fill=" in str(result)
+        return
+    steps = max(lengths) if policy == "pad" else min(lengths)
+    for rank, (records, counts, phase) in enumerate(results):
+        items = [item for item, _, _ in records[:-1]]
+        padding = [is_padding for _, is_padding, _ in records[:-1]]
+        share = shares[rank]
+        assert len(items) == steps
+        assert items[: len(share)] == share[:steps]
+        assert padding == [index >= len(share) for index in range(steps)]
+        if policy == "pad":
+            missing = steps - len(share)
+            pads: list[Any] = [[]] * missing if use_fill else list(islice(cycle(share), missing))
+            assert items[len(share) :] == pads
+        expected_counts = {
+            "real": min(len(share), steps),
+            "padded": max(0, steps - len(share)),
+            "dropped": len(share) - steps if policy == "drop" else 0,
+        }
+        assert counts == expected_counts
+        assert phase == "ended"
+
+    # All ranks restored from the states of one step continue exactly.
+    point = data.draw(st.integers(0, steps))
+    again = ThreadGroup(len(lengths))
+
+    def resume(rank: int) -> list[Any]:
+        pipeline = wrapper(shares[rank], Member(again, rank), policy, use_fill)
+        pipeline.setstate(results[rank][0][point][2])
+        return list(drain(pipeline))
+
+    for rank, records in enumerate(run_ranks(resume, len(lengths))):
+        assert records == results[rank][0][point:]
+
+
+def test_equal_length_iterator_rejects_bad_arguments_and_states() -> None:
+    source = it.NativeCheckpointableIterator([1, 2])
+    with pytest.raises(ValueError, match=r"EqualLengthIterator: policy must be one of"):
+        EqualLengthIterator(source, "truncate")
+    with pytest.raises(TypeError, match="EqualLengthIterator: fill must be callable, got 0"):
+        EqualLengthIterator(source, fill=0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="source_iterator must be a CheckpointableIterator"):
+        EqualLengthIterator([1, 2])  # type: ignore[arg-type]
+    state = EqualLengthIterator(source).getstate()
+    with pytest.raises(StateMismatchError, match="expected a phase in"):
+        EqualLengthIterator(source).setstate({**state, "phase": "paused"})
+    with pytest.raises(StateMismatchError, match="counts >= 0"):
+        EqualLengthIterator(source).setstate({**state, "padded": -1})
+
+
+# -- real jobs under torchrun ---------------------------------------------------------------
+
+
+def torchrun(ranks: int, mode: str, out: Path) -> subprocess.CompletedProcess[str]:
+    """Launch `ranks` gloo workers on CPU; kill the whole job if it outlives the timeout."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={ranks}",
+        str(WORKER),
+        mode,
+        str(out),
+    ]
+    with subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    ) as launcher:
+        try:
+            output, _ = launcher.communicate(timeout=LAUNCH_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            output, _ = launcher.communicate()
+            pytest.fail(f"torchrun {mode} with {ranks} ranks hung:\n{output}")
+        finally:
+            if launcher.poll() is None:
+                os.killpg(launcher.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(command, launcher.returncode, output, "")
+
+
+def results(out: Path, mode: str, ranks: int, proc: subprocess.CompletedProcess[str]) -> Any:
+    files = [out / f"{mode}-rank{rank}.json" for rank in range(ranks)]
+    missing = [path.name for path in files if not path.exists()]
+    assert not missing, f"workers wrote no {missing}; exit {proc.returncode}:\n{proc.stdout}"
+    return [json.loads(path.read_text()) for path in files]
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Three launches: 2 ranks (checks, checkpoint, crash), 2 ranks (resume), 3 ranks."""
+    out = tmp_path_factory.mktemp("torchrun")
+    crashed = torchrun(2, "first", out)
+    first = results(out, "first", 2, crashed)
+    resumed_proc = torchrun(2, "resume", out)
+    assert resumed_proc.returncode == 0, resumed_proc.stdout
+    three_proc = torchrun(3, "three", out)
+    assert three_proc.returncode == 0, three_proc.stdout
+    return {
+        "crashed": crashed,
+        "first": first,
+        "resume": results(out, "resume", 2, resumed_proc),
+        "three": results(out, "three", 3, three_proc),
+    }
+
+
+@pytest.fixture(params=["first", "three"])
+def job(request: pytest.FixtureRequest, jobs: dict[str, Any]) -> list[dict[str, Any]]:
+    ranks: list[dict[str, Any]] = jobs[request.param]
+    return ranks
+
+
+@pytest.mark.slow
+def test_ranks_see_their_own_rank_and_world_size(job: list[dict[str, Any]]) -> None:
+    assert [rank["rank_and_world_size"] for rank in job] == [
+        [rank, len(job)] for rank in range(len(job))
+    ]
+
+
+@pytest.mark.slow
+def test_training_ranks_read_disjoint_data_covering_every_chunk(
+    job: list[dict[str, Any]],
+) -> None:
+    corpus = job[0]["train_corpus"]
+    for pass_index in range(2):
+        seen = [item for rank in job for item in rank["train_passes"][pass_index]]
+        assert sorted(seen) == sorted(corpus), f"pass {pass_index}"
+        assert len(set(seen)) == len(seen)
+
+
+@pytest.mark.slow
+def test_eval_ranks_cover_the_corpus_once_in_rank_order(job: list[dict[str, Any]]) -> None:
+    corpus = job[0]["eval_corpus"]
+    assert [item for rank in job for item in rank["eval_items"]] == corpus
+
+
+@pytest.mark.slow
+def test_eval_passes_have_equal_lengths_on_every_rank(job: list[dict[str, Any]]) -> None:
+    corpus = job[0]["eval_corpus"]
+    for policy in ("pad", "drop"):
+        lengths = {len(rank[f"equal_{policy}"]["batches"]) for rank in job}
+        assert len(lengths) == 1, (policy, lengths)
+    real = [
+        item
+        for rank in job
+        for batch, padding in zip(
+            rank["equal_pad"]["batches"], rank["equal_pad"]["padding"], strict=True
+        )
+        if not padding
+        for item in batch
+    ]
+    assert real == corpus
+    for rank in job:
+        batches = rank["eval_batches"]
+        pad, drop = rank["equal_pad"], rank["equal_drop"]
+        assert pad["counts"]["real"] == len(batches)
+        assert pad["counts"]["padded"] == pad["padding"].count(True)
+        assert drop["batches"] == batches[: len(drop["batches"])]
+        assert drop["counts"]["dropped"] == len(batches) - len(drop["batches"])
+        assert pad["resumed"] == pad["batches"][pad["resumed_at"] :]
+    assert any(rank["equal_drop"]["counts"]["dropped"] for rank in job)
+    assert any(rank["equal_pad"]["counts"]["padded"] for rank in job)
+
+
+@pytest.mark.slow
+def test_gathered_state_is_identical_on_every_rank(job: list[dict[str, Any]]) -> None:
+    gathered = job[0]["gathered"]
+    assert gathered["format"] == GATHERED_FORMAT
+    assert gathered["world_size"] == len(job)
+    assert all(rank["gathered"] == gathered for rank in job)
+
+
+@pytest.mark.slow
+def test_a_killed_job_resumes_exactly_on_every_rank(jobs: dict[str, Any]) -> None:
+    assert jobs["crashed"].returncode != 0, "the first job should have been killed"
+    for before, after in zip(jobs["first"], jobs["resume"], strict=True):
+        step = before["checkpoint_step"]
+        assert after["resumed_from"] == step
+        assert after["batches"] == before["reference"][step:]
+        assert before["after_checkpoint"] == before["reference"][step : step + 3]
+    # The ranks mixed differently-weighted sources, and their batches differ.
+    assert jobs["first"][0]["reference"] != jobs["first"][1]["reference"]
+
+
+@pytest.mark.slow
+def test_restoring_on_another_number_of_ranks_fails_clearly(jobs: dict[str, Any]) -> None:
+    for rank in jobs["three"]:
+        assert "holds the data states of 2 ranks, but this job has 3" in rank["mismatch"]
