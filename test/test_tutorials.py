@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,15 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _launch(script: Path) -> list[str]:
+    """The interpreter arguments that run `script`: through torchrun if its source has a
+    line ``# launch: torchrun --nproc_per_node=N``, else directly."""
+    marker = re.search(r"^# launch: torchrun (--nproc_per_node=\d+)", script.read_text(), re.M)
+    if marker is None:
+        return [str(script)]
+    return ["-m", "torch.distributed.run", "--standalone", marker.group(1), str(script)]
+
+
 def _report(proc: subprocess.CompletedProcess[str]) -> str:
     streams = f"--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
     return f"exit code {proc.returncode}\n{streams}"
@@ -45,7 +55,7 @@ def test_there_are_tutorials() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("script", TUTORIALS, ids=lambda path: path.name)
 def test_tutorial_runs(script: Path, tmp_path: Path) -> None:
-    proc = _run([str(script)], cwd=tmp_path)
+    proc = _run(_launch(script), cwd=tmp_path)
     assert proc.returncode == 0, _report(proc)
 
 
