@@ -327,7 +327,7 @@ def test_bad_arguments_raise_clear_errors() -> None:
     with pytest.raises(ValueError, match="source_iterators must not be empty"):
         it.WeightedMultiplexIterator([], [])
     with pytest.raises(ValueError, match=r"source_iterators\[1\] must be a CheckpointableIterator"):
-        it.WeightedMultiplexIterator([tagged(0, 2), [1, 2]], [1, 1])  # type: ignore[list-item]
+        it.WeightedMultiplexIterator([tagged(0, 2), [1, 2]], [1, 1])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="stop_on must be one of"):
         mixer([1], stop_on="never")
     with pytest.raises(TypeError, match="seed must be an int, a str or None"):
