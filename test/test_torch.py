@@ -232,6 +232,7 @@ def test_stateful_dataloader_with_workers_resumes_exactly(
     batches = iter(interrupted)
     assert rows(batches, CUT) == reference[:CUT]
     state = through_torch_save(interrupted.state_dict())
+    assert json.loads(json.dumps(state)) == state  # plain data all through
     worker_states = state["_snapshot"]["_worker_snapshots"]
     dataset_states = [worker_states[key]["dataset_state"] for key in sorted(worker_states)]
     assert [(s["instance_rank"], s["num_instances"]) for s in dataset_states] == [(0, 2), (1, 2)]
