@@ -1,8 +1,9 @@
 """Many ranks: where this process stands in a `torch.distributed` job, one checkpoint
 for all ranks, and finite passes that end on the same step everywhere.
 
-torch is an optional dependency: nothing here imports it. The functions that need a
-process group use the one the caller initialized (which imported torch).
+torch is an optional dependency: this module imports it only while a process group is
+initialized, which means the caller has imported it already. Without a process group, in
+a single process, everything here works without torch.
 """
 
 from __future__ import annotations
