@@ -200,8 +200,8 @@ def plot_background(plt: Any, data: dict[str, Any], out: Path) -> Path:
             ax.set_title("speed-ups (higher is better)")
             ax.set_xlabel("time without / time with, wall clock")
         else:
-            ax.set_title("overheads of background stages (1.0 = none)")
-            ax.set_xlabel("time ratio, wall clock (lower is better)")
+            ax.set_title("overheads (1.0 = none; lower is better)")
+            ax.set_xlabel("time with / time without, wall clock")
     fig.suptitle("Background execution: prefetching and parallel map", fontsize="medium")
     footnote(fig, data, f"wall clock, median of {data['reps']}")
     fig.tight_layout(rect=(0, 0.04, 1, 1))

@@ -84,7 +84,11 @@ API_CONTENT = {
     ],
     "api/datasets.md": [("chunked_dataset_iterator", "read chunk by chunk"), ("bump_seed", "")],
     "api/testing.md": [("assert_checkpointable", "Check the checkpoint contract")],
-    "api/distributed.md": [("rank_and_world_size", "This process's rank")],
+    "api/distributed.md": [
+        ("rank_and_world_size", "This process's rank"),
+        ("gather_state", "one plain-data dict"),
+        ("EqualLengthIterator", "the same number of items"),
+    ],
     "api/torch.md": [("CheckpointableDataset", "IterableDataset"), ("pad_batch", "")],
 }
 
@@ -182,6 +186,14 @@ def test_api_pages_show_the_docstrings(site: Path, page: str) -> None:
     for name, phrase in API_CONTENT[page]:
         assert re.search(rf'id="[\w.]*\b{name}"', html), f"{page} has no entry for {name}"
         assert phrase in text, f"{page} does not show {name}'s docstring ({phrase!r})"
+
+
+def test_torch_page_lists_every_public_name(site: Path) -> None:
+    import infinibatch_like.torch
+
+    html = built(site, "api/torch.md")
+    for name in infinibatch_like.torch.__all__:
+        assert f'id="infinibatch_like.torch.{name}"' in html, f"api/torch.md omits {name}"
 
 
 def test_checkpoint_paragraphs_render_as_boxes(site: Path) -> None:
