@@ -81,16 +81,19 @@ class CountingRandom(random.Random):
     def below(self, n: int) -> int:
         """``randrange(n)`` for n >= 1, drawing exactly as ``random.Random`` does."""
         bits = n.bit_length()
+        per_call = (bits + 31) >> 5  # getrandbits(k) takes ceil(k / 32) 32-bit words
         value = _c_getrandbits(self, bits)
-        words = 1
+        words = per_call
         while value >= n:
             value = _c_getrandbits(self, bits)
-            words += 1
+            words += per_call
         self.draws += words
         return value
 
     def shuffle(self, x: MutableSequence[Any]) -> None:
-        """Shuffle `x` in place, exactly as ``random.Random.shuffle`` does (Fisher-Yates)."""
+        """Shuffle `x` in place, exactly as ``random.Random.shuffle`` does (Fisher-Yates).
+
+        Each index takes one 32-bit word: lists are shorter than 2**32 items."""
         words = 0
         for i in range(len(x) - 1, 0, -1):
             n = i + 1
