@@ -81,6 +81,9 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
         lambda: it.SelectManyIterator(it.NativeCheckpointableIterator(list(range(9))),
                                       read_chunk),
         lambda: it.SelectManyIterator(it.NativeCheckpointableIterator(CHUNKS)),
+        lambda: it.SelectManyIterator(
+            it.NativeCheckpointableIterator(list(range(9))), read_chunk, read_ahead=2
+        ),
     ],
     "MapIterator": [lambda: it.MapIterator(native(), add_one)],
     "SamplingRandomMapIterator": [lambda: it.SamplingRandomMapIterator(native(), jitter, 7)],
