@@ -108,7 +108,7 @@ def python_blocks(page: str) -> list[tuple[str | None, int, str]]:
 
 
 def run_script(path: Path, cwd: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "error::DeprecationWarning"}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run(
         [sys.executable, path.name],
         cwd=cwd,
