@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -127,15 +126,22 @@ def test_a_source_error_comes_after_the_collections_read_before_it() -> None:
 
 
 def test_close_waits_for_reads_in_flight() -> None:
+    release = threading.Event()
+
     def slow(index: int) -> list[int]:
-        time.sleep(0.05)
+        if index > 0:
+            release.wait(10)
         return [index]
 
     pipeline = flat(list(range(10)), slow, 4)
     assert next(pipeline) == 0
-    assert readers()
+    assert len(readers()) == 4  # chunks 1 to 4, waiting
+    timer = threading.Timer(0.2, release.set)
+    timer.start()
     pipeline.close()
+    assert release.is_set()
     assert not readers()
+    timer.join()
     with pytest.raises(RuntimeError, match="closed"):
         next(pipeline)
 
