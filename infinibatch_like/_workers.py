@@ -275,13 +275,14 @@ def close_mp_queue(channel: Any) -> None:
 def produce(
     source: Iterator[Any], replay: int, snapshot_every: int, max_batch: int
 ) -> Iterator[Message]:
-    """Messages for the consumer of `source`: ``(ITEMS, items, snapshot or None)`` and, at
-    the end, ``(END, final state, None)``.
+    """Messages for the consumer of `source`: ``(ITEMS, items, mark)`` and, at the end,
+    ``(END, final state, None)``.
 
     The source is where a checkpoint's snapshot points; `replay` items are skipped first.
-    Batches start at one item and double up to `max_batch` (a fast first item, then few
-    messages); a batch that completes `snapshot_every` items carries the source's state
-    taken right after its last item.
+    Batches start at one item and double up to `max_batch` (<= `snapshot_every`: a fast
+    first item, then few messages). After every `snapshot_every` items the source's state
+    is taken; the batch holding that point carries it as ``mark = (state, offset)``: the
+    state right after ``items[:offset]`` (None when the batch holds no such point).
     """
     pull = fast_iterator(source)
     for index in range(replay):
@@ -296,19 +297,25 @@ def produce(
     size, until_snapshot = 1, snapshot_every
     getstate: Callable[[], State] = source.getstate  # type: ignore[attr-defined]
     while True:
-        want = min(size, until_snapshot)
-        items = list(islice(pull, want))
-        if len(items) < want:
+        if size <= until_snapshot:  # the common case: no snapshot inside this batch
+            items = list(islice(pull, size))
+            mark = None
+            until_snapshot -= len(items)
+        else:
+            items = list(islice(pull, until_snapshot))
+            mark = None
+            if len(items) == until_snapshot:
+                mark = (getstate(), len(items))
+                items.extend(islice(pull, size - len(items)))
+                until_snapshot = snapshot_every - (len(items) - mark[1])
+        if len(items) < size:
             if items:
-                yield ITEMS, items, None
+                yield ITEMS, items, mark
             yield END, getstate(), None
             return
-        until_snapshot -= want
-        if until_snapshot:
-            yield ITEMS, items, None
-        else:
-            yield ITEMS, items, getstate()
-            until_snapshot = snapshot_every
+        if until_snapshot == 0:
+            mark, until_snapshot = (getstate(), size), snapshot_every
+        yield ITEMS, items, mark
         if size < max_batch:
             size = min(2 * size, max_batch)
 

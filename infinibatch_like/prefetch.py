@@ -80,17 +80,20 @@ class _PrefetchRunner:
         channel = self._start()
         try:
             while True:
-                kind, items, snapshot = channel.receive()
+                kind, items, mark = channel.receive()
                 if kind == _workers.END:
                     cursor.snapshot, cursor.base = items, 0
                     break
-                batch = iter(items)
-                cursor.batch, cursor.batch_length = batch, len(items)
-                yield from batch
-                if snapshot is None:
-                    cursor.base += cursor.batch_length
-                else:
+                if mark is not None:  # the snapshot is at items[offset]
+                    snapshot, offset = mark
+                    if offset:
+                        cursor.batch, cursor.batch_length = iter(items[:offset]), offset
+                        yield from cursor.batch
                     cursor.snapshot, cursor.base = snapshot, 0
+                    items = items[offset:]
+                cursor.batch, cursor.batch_length = iter(items), len(items)
+                yield from cursor.batch
+                cursor.base += cursor.batch_length
                 cursor.batch_length = 0
         finally:
             if self.channel is channel:  # the source ended, failed, or the consumer is gone
@@ -136,8 +139,8 @@ class PrefetchIterator(Stage[Any]):
     Checkpoint:
         ``{"source", "replay"}``: the source's state at the last snapshot at or before the
         consumer's position (taken by the worker every `snapshot_every` items) and the
-        number of items consumed since (< `snapshot_every`, except right after a restore).
-        Size: one source state plus an int. A restore sets the source to the snapshot and
+        number of items consumed since (at most `snapshot_every`, except right after a
+        restore). Size: one source state plus an int. A restore sets the source to the snapshot and
         skips `replay` items in the new worker: it re-reads at most `snapshot_every` items
         (plus whatever the source's own restore re-reads). Items in the buffer are not part
         of the state and are produced again after a restore.

@@ -18,6 +18,8 @@ import traceback
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import infinibatch_like.iterators as it
 from infinibatch_like import WorkerError
@@ -130,6 +132,34 @@ def test_thread_mode_and_replay_bound() -> None:
             assert state["replay"] <= 3 or k < 3
             assert next(pipeline) == line
     assert [t for t in threading.enumerate() if t.name.startswith("infinibatch_like")] == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    length=st.integers(0, 400),
+    buffer_size=st.integers(1, 600),
+    every=st.integers(1, 150),
+    data=st.data(),
+)
+def test_snapshots_inside_batches_restore_exactly_and_bound_the_replay(
+    length: int, buffer_size: int, every: int, data: st.DataObject
+) -> None:
+    def build() -> PrefetchIterator:
+        source = it.NativeCheckpointableIterator(list(range(length)))
+        return PrefetchIterator(source, buffer_size, mode="thread", snapshot_every=every)
+
+    states = []
+    with build() as pipeline:
+        for expected in range(length):
+            state = pipeline.getstate()
+            assert state["replay"] <= every
+            states.append(state)
+            assert next(pipeline) == expected
+    for k in data.draw(st.lists(st.integers(0, max(0, length - 1)), max_size=3)):
+        if k < length:
+            with build() as fresh:
+                fresh.setstate(states[k])
+                assert list(fresh) == list(range(k, length))
 
 
 def test_work_happens_in_another_process_or_thread() -> None:
