@@ -44,10 +44,15 @@ def chunked_dataset_iterator(
     with ``shuffle=False``: one ordered pass over this rank's contiguous share), a
     `SelectManyIterator` calling ``read_chunk_fn(chunk_ref)`` (with ``read_ahead_chunks=n``,
     the next `n` chunks are read and decompressed in background threads, so
-    `read_chunk_fn` must be thread-safe), with `prefetch` a
-    `PrefetchIterator` of `buffer_size` items, with `shuffle` a `BlockwiseShuffleIterator`
-    of `buffer_size` items (a `BufferedShuffleIterator` if `use_windowed`) seeded with
+    `read_chunk_fn` must be thread-safe), with `shuffle` a `BlockwiseShuffleIterator` of
+    `buffer_size` items (a `BufferedShuffleIterator` if `use_windowed`) seeded with
     ``bump_seed(seed)``, and with `transform` a `MapIterator`.
+
+    With `prefetch`, a `PrefetchIterator` of `buffer_size` items (a worker process) reads
+    the chunks and runs the blockwise shuffle ahead of the consumer, so that a restore
+    sends only the items the consumer takes, not a whole block. With `use_windowed` it
+    sits before the windowed shuffle instead, whose state holds its whole buffer (too
+    much to snapshot every 100 items). The items are the same either way.
 
     Checkpoint:
         That of the composed chain: constant size (no items unless `use_windowed`); a
@@ -67,11 +72,13 @@ def chunked_dataset_iterator(
         read_chunk_fn,
         read_ahead=read_ahead_chunks,
     )
-    if prefetch:
+    if prefetch and use_windowed:
         samples = PrefetchIterator(samples, buffer_size)
     if shuffle:
         shuffle_stage = BufferedShuffleIterator if use_windowed else BlockwiseShuffleIterator
         samples = shuffle_stage(samples, buffer_size, bump_seed(seed))
+    if prefetch and not use_windowed:
+        samples = PrefetchIterator(samples, buffer_size)
     if transform is not None:
         samples = MapIterator(samples, transform)
     return samples
