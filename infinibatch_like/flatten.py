@@ -86,8 +86,8 @@ class SelectManyIterator(Stage[Any]):
             when the consumer reaches it).
 
     Raises:
-        The selector's exceptions, when the consumer reaches that collection, with a note
-        naming the source item (the chunk).
+        Exception: whatever the selector raises, when the consumer reaches that
+            collection, with a note naming the source item (the chunk).
 
     Checkpoint:
         ``{"source", "consumed"}``: the source's state before the current item, and how

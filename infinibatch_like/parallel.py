@@ -188,9 +188,9 @@ class ParallelMapIterator(Stage[Any]):
             dispatching (>= 1); this bounds what a restore replays.
 
     Raises:
-        The transform's exceptions, in the consumer at the item that raised them, with the
-        worker's traceback as ``__cause__`` and a note naming the stage; `WorkerError` (a
-        RuntimeError) if a worker process dies.
+        Exception: whatever the transform raises, in the consumer at the item that raised
+            it, with the worker's traceback as ``__cause__`` and a note naming the stage.
+        WorkerError: (a RuntimeError) if a worker process dies.
 
     Checkpoint:
         ``{"source", "replay"}``: the source's state recorded at or before the consumer's

@@ -132,9 +132,10 @@ class PrefetchIterator(Stage[Any]):
 
     Raises:
         ValueError: for ``buffer_size <= 0``, an unknown mode or start method.
-        Exceptions of the source: re-raised in the consumer at the position where they
-            happened, with the worker's traceback as ``__cause__`` and a note naming the
-            stage; `WorkerError` (a RuntimeError) if the worker process dies.
+        Exception: whatever the source raises, re-raised in the consumer at the position
+            where it happened, with the worker's traceback as ``__cause__`` and a note
+            naming the stage.
+        WorkerError: (a RuntimeError) if the worker process dies.
 
     Checkpoint:
         ``{"source", "replay"}``: the source's state at the last snapshot at or before the

@@ -112,7 +112,8 @@ class InfinitePermutationSourceIterator(Stage[T]):
         source_items: the items (e.g. chunk file names); must not be empty.
         seed: seed of the shuffles; None draws one (kept in checkpoints).
         shuffle: reshuffle before each pass.
-        num_instances, instance_rank: the number of ranks and this rank.
+        num_instances: the number of ranks (>= 1).
+        instance_rank: this rank (0 <= instance_rank < num_instances).
 
     Checkpoint:
         ``{"seed", "position", "draws"}``: the next position in the concatenated stream and

@@ -1,7 +1,7 @@
 """A public conformance checker for the checkpoint contract of `CheckpointableIterator`s.
 
 ``assert_checkpointable(factory)`` builds fresh pipelines with `factory` and checks, for
-the pipeline and every stage in it, the contract of ``docs/checkpoints.md``:
+the pipeline and every stage in it, the contract of ``docs/concepts.md``:
 
 - C1 ``getstate()`` does not advance the iterator and its result does not change later;
 - C2 a state taken after k items makes a fresh pipeline yield items k, k+1, ...;
