@@ -47,7 +47,6 @@ RUNNABLE_PAGES = [
 EXPECTED_PAGES = [
     *RUNNABLE_PAGES,
     "benchmarks.md",
-    "checkpoints.md",
     "api/index.md",
     "api/sources.md",
     "api/flatten-mapping.md",

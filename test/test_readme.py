@@ -47,7 +47,7 @@ def test_ci_script_is_strict_bash() -> None:
         assert os.access(REPO / ".ci" / "run", os.X_OK), ".ci/run is not executable"
 
 
-@pytest.mark.parametrize("target", ["docs/index.md", "docs/checkpoints.md", "docs/migrating.md"])
+@pytest.mark.parametrize("target", ["docs/index.md", "docs/concepts.md", "docs/migrating.md"])
 def test_readme_links_docs(target: str) -> None:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert f"({target})" in readme
