@@ -152,8 +152,9 @@ def test_tasks_in_flight_bounds_what_is_read_ahead(
     source = it.MapIterator(native(100), lambda x: pulled.append(x) or x)
     with it.ParallelMapIterator(source, square, 2, 3, tasks_in_flight=tasks_in_flight) as stage:
         assert next(stage) == 0
-        time.sleep(0.2)  # the workers finish what they have; nothing more is dispatched
-        # tasks_in_flight tasks queued or in progress, plus the one being consumed
+        # Tasks are sent from next() only: tasks_in_flight tasks queued, in progress or
+        # done, plus the one being consumed.
+        time.sleep(0.2)
         assert len(pulled) == expected
         assert list(stage) == [x * x for x in range(1, 100)]
 
