@@ -192,6 +192,12 @@ def build_stage(
     if kind == "zip":
         other = build_source(args[0])
         return it.ZipIterator(pipeline, other) if args[1] else it.ZipIterator(other, pipeline)
+    if kind == "weighted":
+        other, weights, seed, exact, stop_on = args
+        sources = [it.MapIterator(pipeline, weight), it.MapIterator(build_source(other), weight)]
+        return it.WeightedMultiplexIterator(
+            sources, list(weights), seed, exact=exact, stop_on=stop_on
+        )
     if kind == "multiplex":
         control = it.MapIterator(pipeline, choose_source)
         return it.MultiplexIterator(control, [build_source(args[0]), build_source(args[1])])
@@ -269,7 +275,7 @@ def source_infinite(spec: tuple[Any, ...]) -> bool:
 
 STAGE_KINDS = [
     "map", "select_many", "batch", "window", "blockwise", "buffered", "bucketed",
-    "sampling", "recurrent", "zip", "multiplex",
+    "sampling", "recurrent", "zip", "multiplex", "weighted",
 ]
 
 
@@ -327,6 +333,16 @@ def draw_stage(draw: Any, drawn: Drawn) -> list[tuple[Any, ...]]:
         drawn.infinite = drawn.infinite and source_infinite(other)
         drawn.depth, drawn.tuples = drawn.depth + 1, True
         return [("zip", other, draw(st.booleans()))]
+    if kind == "weighted":  # the stream and another source, as ints, mixed by weight
+        other = draw_source(draw, drawn)
+        weights = draw(st.tuples(st.integers(0, 3), st.integers(0, 3)).filter(any))
+        stop_on = draw(st.sampled_from(["all_exhausted", "first_exhausted"]))
+        flags = (drawn.infinite, source_infinite(other))
+        endless = [flag for flag, share in zip(flags, weights, strict=True) if share]
+        drawn.infinite = any(endless) if stop_on == "all_exhausted" else all(endless)
+        drawn.depth, drawn.tuples = 0, False
+        seed = seeds(draw, drawn)
+        return [("weighted", other, weights, seed, draw(st.booleans()), stop_on)]
     # multiplex: the current stream picks (by item parity) between two endless sources
     first, second = draw_source(draw, drawn, True), draw_source(draw, drawn, True)
     drawn.depth, drawn.tuples = 0, False
