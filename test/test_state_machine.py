@@ -169,7 +169,7 @@ def build_stage(
         return it.MapIterator(pipeline, functions[args[0]])
     if kind == "select_many":
         selector = None if args[0] is None else partial(repeat_by_weight, args[0])
-        return it.SelectManyIterator(pipeline, selector)
+        return it.SelectManyIterator(pipeline, selector, read_ahead=args[1])
     if kind == "batch":
         return it.FixedBatchIterator(pipeline, args[0])
     if kind == "window":
@@ -297,7 +297,7 @@ def draw_stage(draw: Any, drawn: Drawn) -> list[tuple[Any, ...]]:
         offset = draw(st.sampled_from(options))
         if offset is None:
             drawn.depth -= 1
-        return [("select_many", offset)]
+        return [("select_many", offset, draw(st.sampled_from([0, 0, 1, 3])))]
     if kind == "batch":
         drawn.depth += 1
         return [("batch", draw(st.integers(1, 4)))]
