@@ -10,6 +10,8 @@ import multiprocessing
 import os
 import pickle
 import signal
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -270,3 +272,44 @@ def test_pickled_mid_stream_continues() -> None:
     assert head + list(copied) == [x * x for x in range(30)]
     copied.close()
     pipeline.close()
+
+
+_SPAWNED = """
+import sys
+sys.path.insert(0, {repo!r})
+import infinibatch_like.iterators as it
+
+def square(x):
+    return x * x
+
+if __name__ == "__main__":
+    kept = []
+    for method in ("spawn", "forkserver"):
+        for close in (True, False):
+            source = it.NativeCheckpointableIterator(list(range(1000)))
+            stage = it.ParallelMapIterator(
+                it.PrefetchIterator(source, 8, True, start_method=method),
+                square, 2, 5, start_method=method,
+            )
+            assert [next(stage) for _ in range(13)] == [x * x for x in range(13)]
+            if close:
+                stage.close()
+            else:
+                kept.append(stage)  # stopped at interpreter exit
+    print("ok")
+"""
+
+
+@pytest.mark.skipif(
+    not {"spawn", "forkserver"} <= set(METHODS), reason="needs spawn and forkserver"
+)
+def test_spawned_workers_leak_no_semaphores_or_warnings(tmp_path: Path) -> None:
+    script = tmp_path / "spawned.py"
+    script.write_text(_SPAWNED.format(repo=str(Path(__file__).resolve().parents[1])))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+    assert "leaked" not in done.stderr, done.stderr
+    assert "Warning" not in done.stderr, done.stderr
