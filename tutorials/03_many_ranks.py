@@ -255,6 +255,9 @@ assert all_lines == in_chunk_order, "every held-out line once, in order across t
 say(f"step 6: {steps} evaluation steps on every rank, error {squared_error / line_count:.3f};")
 say(f"        per rank {everyone(evaluation.counts)}")
 
+# DDP keeps a reference to the process group: release it first, or the group outlives
+# destroy_process_group() and its threads can abort the interpreter at exit.
+del model, optimizer
 dist.barrier()
 if rank == 0:
     shutil.rmtree(workdir)
