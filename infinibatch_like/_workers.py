@@ -327,8 +327,38 @@ class Channel(Resource):
     """A worker running `produce` over a source; `receive` returns its next message."""
 
     where: str
+    _name: str
+    _warn_empty: bool
+    _last_words_s: float
+    """How long to wait for what a stopped worker put in the queue before it stopped."""
 
     def receive(self) -> Message:
+        raise NotImplementedError
+
+    def _wait(self, get: Callable[[bool, float | None], Any]) -> Any:
+        """The next entry of the queue read by `get`: at once if there is one, else after
+        waiting, checking every `POLL_S` seconds that the worker is alive."""
+        try:
+            return get(False, None)
+        except queue.Empty:
+            pass
+        if self._warn_empty:
+            logger.warning("%s: the prefetch buffer is empty; waiting for its worker", self._name)
+        while True:
+            try:
+                return get(True, POLL_S)
+            except queue.Empty:
+                if self._worker_alive():
+                    continue
+            try:  # whatever it sent before it stopped
+                return get(True, self._last_words_s)
+            except queue.Empty:
+                raise self._died() from None
+
+    def _worker_alive(self) -> bool:
+        raise NotImplementedError
+
+    def _died(self) -> WorkerError:
         raise NotImplementedError
 
 
@@ -377,29 +407,21 @@ class ThreadChannel(Channel):
         finally:
             messages.close()  # type: ignore[attr-defined]
 
+    _last_words_s = 0.0
+
     def receive(self) -> Message:
-        get = self._queue.get
-        try:
-            message = get(False)
-        except queue.Empty:
-            if self._warn_empty:
-                logger.warning(
-                    "%s: the prefetch buffer is empty; waiting for its worker", self._name
-                )
-            while True:
-                try:
-                    message = get(True, POLL_S)
-                    break
-                except queue.Empty:
-                    if not self._thread.is_alive() and self._queue.empty():
-                        raise WorkerError(
-                            f"{self._name}: its worker thread stopped without a result"
-                        ) from None
+        message: Message = self._wait(self._queue.get)
         if message[0] == ERROR:
             if message[2] is None:
                 raise message[1]
             raise_local(message[1], message[2])
         return message
+
+    def _worker_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _died(self) -> WorkerError:
+        return WorkerError(f"{self._name}: its worker thread stopped without a result")
 
     def _shutdown(self) -> None:
         self._stop.set()
@@ -548,33 +570,19 @@ class ProcessChannel(Channel):
             raise
         self._pid = self._process.pid
 
+    _last_words_s = 0.5
+
     def receive(self) -> Message:
-        get = self._queue.get
-        try:
-            data = get(False)
-        except queue.Empty:
-            if self._warn_empty:
-                logger.warning(
-                    "%s: the prefetch buffer is empty; waiting for its worker", self._name
-                )
-            while True:
-                try:
-                    data = get(True, POLL_S)
-                    break
-                except queue.Empty:
-                    if self._process.exitcode is not None:
-                        try:  # whatever it sent before exiting
-                            data = get(True, 0.5)
-                            break
-                        except queue.Empty:
-                            self._died()
-        message: Message = pickle.loads(data)
+        message: Message = pickle.loads(self._wait(self._queue.get))
         if message[0] == ERROR:
             raise_report(message[1])
         return message
 
-    def _died(self) -> NoReturn:
-        raise WorkerError(
+    def _worker_alive(self) -> bool:
+        return self._process.exitcode is None
+
+    def _died(self) -> WorkerError:
+        return WorkerError(
             f"{self._name}: its worker process (pid {self._pid}) died unexpectedly "
             f"({describe_exit(self._process.exitcode)}); call setstate() with a checkpoint "
             "to start a new one"
