@@ -25,10 +25,8 @@ import tempfile
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
-import numpy.typing as npt
 
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.iterators import (
@@ -36,6 +34,7 @@ from infinibatch_like.iterators import (
     CheckpointableIterator,
     MapIterator,
 )
+from infinibatch_like.torch import PaddedArrays, pad_batch  # numpy only; no torch needed
 
 try:
     import torch
@@ -159,8 +158,9 @@ print(f"step 3: 40 batches, sizes between {sizes[0]} and {sizes[-1]} lines, all 
 # ---------------------------------------------------------------------------------------
 # Step 4: padded arrays.
 #
-# A model wants a rectangle. We map each word to an id, pad every row to the longest row of
-# its batch with PAD_ID, and keep the true lengths and a boolean mask (True = real token).
+# A model wants a rectangle. We map each word to an id, and pad_batch pads every row to the
+# longest row of its batch with PAD_ID, keeping the true lengths and a boolean mask
+# (True = real token).
 # In step 5 a MapIterator applies this conversion inside the pipeline, so the conversion is
 # part of what gets checkpointed and restored.
 # ---------------------------------------------------------------------------------------
@@ -168,28 +168,19 @@ print(f"step 3: 40 batches, sizes between {sizes[0]} and {sizes[-1]} lines, all 
 WORD_IDS = {word: index for index, word in enumerate(VOCABULARY)}
 
 
-class Batch(NamedTuple):
-    ids: npt.NDArray[np.int64]  # shape (batch, longest)
-    lengths: npt.NDArray[np.int64]  # shape (batch,)
-    mask: npt.NDArray[np.bool_]  # shape (batch, longest), True where ids holds a real word
-
-
-def to_padded(lines_of_batch: list[str]) -> Batch:
+def to_padded(lines_of_batch: list[str]) -> PaddedArrays:
     rows = [[WORD_IDS[word] for word in line.split()] for line in lines_of_batch]
-    lengths = np.array([len(row) for row in rows], dtype=np.int64)
-    ids = np.full((len(rows), int(lengths.max())), PAD_ID, dtype=np.int64)
-    for row_index, row in enumerate(rows):
-        ids[row_index, : len(row)] = row
-    mask = np.arange(ids.shape[1])[None, :] < lengths[:, None]
-    return Batch(ids, lengths, mask)
+    return pad_batch(rows, pad_value=PAD_ID, dtype=np.int64)  # values, lengths, mask
 
 
 example = to_padded(some_batches[0])
-assert example.ids.shape == (len(some_batches[0]), int(example.lengths.max()))
+assert example.mask is not None
+assert example.values.shape == (len(some_batches[0]), int(example.lengths.max()))
 assert int(example.mask.sum()) == int(example.lengths.sum())
-assert (example.ids[~example.mask] == PAD_ID).all()  # padding is PAD_ID ...
-assert (example.ids[example.mask] != PAD_ID).all()  # ... and real words never are
-print(f"step 4: first batch as arrays: ids {example.ids.shape}, lengths {example.lengths.tolist()}")
+assert (example.values[~example.mask] == PAD_ID).all()  # padding is PAD_ID ...
+assert (example.values[example.mask] != PAD_ID).all()  # ... and real words never are
+shape, lengths = example.values.shape, example.lengths.tolist()
+print(f"step 4: first batch as arrays: ids {shape}, lengths {lengths}")
 
 # ---------------------------------------------------------------------------------------
 # Step 5: checkpoint and restore.
@@ -201,15 +192,15 @@ print(f"step 4: first batch as arrays: ids {example.ids.shape}, lengths {example
 # ---------------------------------------------------------------------------------------
 
 
-def same_batches(left: list[Batch], right: list[Batch]) -> bool:
+def same_batches(left: list[PaddedArrays], right: list[PaddedArrays]) -> bool:
     return len(left) == len(right) and all(
-        np.array_equal(a.ids, b.ids) and np.array_equal(a.lengths, b.lengths)
+        np.array_equal(a.values, b.values) and np.array_equal(a.lengths, b.lengths)
         for a, b in zip(left, right, strict=True)
     )
 
 
 # The whole pipeline, built by one function so that a restart can build it again.
-def make_pipeline(seed: int) -> CheckpointableIterator[Batch]:
+def make_pipeline(seed: int) -> CheckpointableIterator[PaddedArrays]:
     """Build the full pipeline: randomized lines -> bucketed batches -> padded arrays."""
     return MapIterator(make_text_batches(seed), to_padded)
 
