@@ -1,16 +1,17 @@
 """PyTorch adapters: `CheckpointableDataset` for DataLoaders, `pad_batch` for collation.
 
-``import infinibatch_like`` never imports torch. This subpackage imports it when
-`CheckpointableDataset` is first used; `pad_batch` with ``to="numpy"`` works without torch.
+``import infinibatch_like`` never imports torch, and importing this subpackage imports
+neither torch nor numpy: torch is imported when `CheckpointableDataset` is first used,
+numpy when `pad_batch` is (``to="numpy"`` works without torch). Both come with the
+``torch`` extra (``pip install 'infinibatch_like[torch]'``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .collate import PaddedArrays, PaddedTensors, PadValue, pad_batch
-
 if TYPE_CHECKING:
+    from .collate import PaddedArrays, PaddedTensors, PadValue, pad_batch
     from .dataset import CheckpointableDataset, PipelineFactory, reader_identity
 
 __all__ = [
@@ -24,12 +25,17 @@ __all__ = [
 ]
 
 _NEEDS_TORCH = {"CheckpointableDataset", "PipelineFactory", "reader_identity"}
+_NEEDS_NUMPY = {"PadValue", "PaddedArrays", "PaddedTensors", "pad_batch"}
 
 
 def __getattr__(name: str) -> Any:
-    # Imports torch on first use of a name that needs it (PEP 562).
+    # Imports torch or numpy on first use of a name that needs it (PEP 562).
     if name in _NEEDS_TORCH:
         from . import dataset
 
         return getattr(dataset, name)
+    if name in _NEEDS_NUMPY:
+        from . import collate
+
+        return getattr(collate, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

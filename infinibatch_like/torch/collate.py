@@ -1,7 +1,7 @@
 """Padding a batch of variable-length items into one numpy array or torch tensor.
 
 This module imports torch only when asked for tensors (``to="torch"``): the numpy path works
-where torch is not installed.
+where torch is not installed. numpy comes with the ``torch`` extra.
 """
 
 from __future__ import annotations
@@ -9,10 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, overload
 
-import numpy as np
-import numpy.typing as npt
-
 from .._base import require_int
+from .._extras import missing_extra
+
+try:
+    import numpy as np
+    import numpy.typing as npt
+except ModuleNotFoundError as error:  # pragma: no cover - exercised in a subprocess test
+    raise missing_extra("numpy", "torch", "infinibatch_like.torch.pad_batch") from error
 
 if TYPE_CHECKING:
     import torch

@@ -6,8 +6,6 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import torch.utils.data
-
 from .._base import (
     CheckpointableIterator,
     State,
@@ -15,6 +13,12 @@ from .._base import (
     require_callable,
     require_int,
 )
+from .._extras import missing_extra
+
+try:
+    import torch.utils.data
+except ModuleNotFoundError as error:  # pragma: no cover - exercised in a subprocess test
+    raise missing_extra("torch", "torch", "infinibatch_like.torch.CheckpointableDataset") from error
 from ..distributed import rank_and_world_size
 
 T_co = TypeVar("T_co", covariant=True)
