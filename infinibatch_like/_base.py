@@ -16,6 +16,8 @@ from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, NoReturn, TypeVar
 
+from ._callables import note_error
+
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 SelfIterator = TypeVar("SelfIterator", bound="CheckpointableIterator[Any]")
@@ -142,6 +144,11 @@ class Stage(CheckpointableIterator[T]):
     _iterator: Iterator[T]
     _sources: tuple[Iterator[Any], ...] = ()
     _closed: bool = False
+    _user_callables: ClassVar[tuple[str, ...]] = ()
+    """Constructor parameters that take user callables (named in error notes)."""
+    _loses_input_on_error: ClassVar[bool] = False
+    """Whether an error in a user callable consumes the item it was called on."""
+    _lost_input: str | None = None
     _init_args: tuple[tuple[Any, ...], dict[str, Any]]
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Stage[T]:
@@ -162,6 +169,8 @@ class Stage(CheckpointableIterator[T]):
             raise
         except BaseException as error:
             if not self._closed:
+                if isinstance(error, Exception):
+                    note_error(self, error)
                 self._iterator = _Halted(
                     f"{self._name} stopped after an error ({type(error).__name__}: {error}); "
                     "call setstate() with a checkpoint to continue",
@@ -172,11 +181,14 @@ class Stage(CheckpointableIterator[T]):
     # -- checkpoints -------------------------------------------------------------------
 
     def getstate(self) -> State:
+        if self._lost_input is not None:
+            raise RuntimeError(self._lost_input)
         return {"stage": self._name, **self._state()}
 
     def setstate(self, checkpoint: State | None) -> None:
         if self._closed:
             raise RuntimeError(f"{self._name}.setstate: the iterator is closed")
+        self._lost_input = None
         self._restore(None if checkpoint is None else self._checked(checkpoint))
 
     def _checked(self, checkpoint: object) -> State:

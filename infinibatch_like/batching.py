@@ -80,6 +80,8 @@ class BucketedReadaheadBatchIterator(ReadAheadStage[list[T]]):
         source.
     """
 
+    _user_callables = ("key", "batch_size", "boundary_key")
+
     def __init__(
         self,
         source_iterator: CheckpointableIterator[T],

@@ -32,6 +32,8 @@ class MapIterator(Stage[U]):
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"source": dict}
+    _user_callables = ("transform",)
+    _loses_input_on_error = True
 
     def __init__(
         self, source_iterator: CheckpointableIterator[T], transform: Callable[[T], U]
@@ -69,6 +71,8 @@ class SamplingRandomMapIterator(Stage[U]):
         "draws": int,
         "gauss_next": (float, type(None)),
     }
+    _user_callables = ("transform",)
+    _loses_input_on_error = True
 
     def __init__(
         self,

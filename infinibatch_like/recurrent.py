@@ -33,6 +33,8 @@ class RecurrentIterator(Stage[Any]):
         "source": dict,
         "recurrent_state": object,
     }
+    _user_callables = ("step_function",)
+    _loses_input_on_error = True
 
     def __init__(
         self,
