@@ -208,7 +208,9 @@ def _callable_name(function: object) -> str:
     if isinstance(function, partial):
         return f"partial({_callable_name(function.func)})"
     name = getattr(function, "__qualname__", None)
-    return name if isinstance(name, str) else short_repr(function)
+    if not isinstance(name, str):  # a callable object
+        name = type(function).__qualname__
+    return name.rpartition("<locals>.")[2]
 
 
 def _frames(error: BaseException) -> list[FrameType]:
@@ -238,15 +240,17 @@ def _last_argument(frame: FrameType) -> Any:
 def _closest(
     candidates: list[tuple[Stage[Any], str, Callable[..., Any]]], enclosing: Stage[Any] | None
 ) -> list[tuple[Stage[Any], str, Callable[..., Any]]]:
-    """Of the stages holding the callable that raised, the one whose code called it (the
-    nearest stage frame above it), else those upstream of that stage, else all."""
+    """Of the stages holding the callable that raised, those that can have called it from
+    the nearest stage frame above it (that stage, or a builtin ``map`` upstream of it that
+    runs inside its pulls), else those upstream of that stage, else all."""
     if enclosing is None:
         return candidates
-    own = [entry for entry in candidates if entry[0] is enclosing]
-    if own:
-        return own
-    upstream = {id(stage) for stage in pipeline_stages(enclosing)}
-    return [entry for entry in candidates if id(entry[0]) in upstream] or candidates
+    for possible in (_map_chain(enclosing), pipeline_stages(enclosing)):
+        ids = {id(stage) for stage in possible}
+        chosen = [entry for entry in candidates if id(entry[0]) in ids]
+        if chosen:
+            return chosen
+    return candidates
 
 
 def _map_chain(stage: Stage[Any]) -> Iterator[Stage[Any]]:
