@@ -134,7 +134,11 @@ class Stage(CheckpointableIterator[T]):
     A subclass sets ``_sources`` (its upstream iterators), ``_state_fields`` (the keys of
     its state besides ``"stage"`` and the type each value must have) and implements
     ``_state()`` and ``_restore(state | None)``. ``_restore`` puts the upstream chain into
-    place (through `restore_source`) and rebuilds ``_iterator``.
+    place (through `restore_source`) and rebuilds ``_iterator``. A stage built with user
+    callables names their parameters in ``_user_callables``, so that an error they raise
+    gets a note naming the stage (see `_callables`); if such an error consumes the item the
+    callable was given (a builtin ``map``), ``_loses_input_on_error`` makes `getstate`
+    refuse the undefined position until the next `setstate`.
 
     Checkpoint:
         ``{"stage": <class name>, **fields}``; the fields are the subclass's.

@@ -73,6 +73,11 @@ class BucketedReadaheadBatchIterator(ReadAheadStage[list[T]]):
         shuffle: shuffle each window's batches with one continuing ``Random(seed)``.
         seed: the seed; None draws one (kept in checkpoints).
 
+    Raises:
+        Exception: whatever `key`, `batch_size` or `boundary_key` raises, with a note
+            naming the parameter and the item; the state still points at the window, so
+            a restore re-reads it and raises at the same place.
+
     Checkpoint:
         ``{"source", "seed", "draws", "emitted"}``: the source's state at the start of the
         current window, the generator's position before shuffling its batches and how many

@@ -99,7 +99,6 @@ class SelectManyIterator(Stage[Any]):
             its lines. None iterates over each item.
         read_ahead: how many collections to read ahead in threads (>= 0; 0 reads each one
             when the consumer reaches it).
-
         selector_name: how errors name the selector (``chunked_dataset_iterator`` passes
             ``"chunked_dataset_iterator's read_chunk_fn"``).
         on_empty: called with the source item whenever its collection is empty (e.g. to

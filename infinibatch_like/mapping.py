@@ -27,8 +27,15 @@ class MapIterator(Stage[U]):
     The source is not reset (as in infinibatch). Chains of MapIterators run as nested
     builtin ``map`` objects: a stage adds only the cost of calling its transform.
 
+    Raises:
+        Exception: whatever `transform` raises, with a note naming this stage, the
+            transform and the item.
+
     Checkpoint:
-        ``{"source"}``: the source's state; nothing is re-read on restore.
+        ``{"source"}``: the source's state; nothing is re-read on restore. After an error
+        in `transform` the item it was given is consumed from the source, so `getstate`
+        raises RuntimeError instead of a state that would skip it: restore a checkpoint
+        taken before the error (keeping the input would cost every item a copy).
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"source": dict}
@@ -62,7 +69,8 @@ class SamplingRandomMapIterator(Stage[U]):
     Checkpoint:
         ``{"source", "seed", "draws", "gauss_next"}``: the source's state and the
         generator's position (32-bit words drawn). Constant size; a restore redraws
-        `draws` words at C speed.
+        `draws` words at C speed. As with `MapIterator`, `getstate` raises RuntimeError
+        after an error in `transform` (its item is consumed): restore an earlier checkpoint.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {

@@ -27,6 +27,8 @@ class RecurrentIterator(Stage[Any]):
     Checkpoint:
         ``{"source", "recurrent_state"}``: the source's state and a deep copy of the
         recurrent state, which must be plain data for JSON checkpoints. Nothing is re-read.
+        After an error in `step_function` its item is consumed from the source, so
+        `getstate` raises RuntimeError: restore a checkpoint taken before the error.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {

@@ -455,3 +455,33 @@ def test_state_after_an_error_in_a_batching_callable_re_raises_there() -> None:
     with pytest.raises(ZeroDivisionError):
         next(restored)
 
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_few_non_empty_chunks_among_many_empty_ones_reach_every_rank_that_can_read_them(
+    shuffle: bool,
+) -> None:
+    sizes = [0] * 60
+    sizes[41] = 2  # with shuffle=False and 4 ranks, only rank 1 (41 % 4) ever reads it
+    for rank in range(4):
+        arguments: dict[str, Any] = dict(
+            buffer_size=2, seed=5, shuffle=shuffle, num_instances=4, instance_rank=rank
+        )
+        pipeline = chunked_dataset_iterator(list(range(60)), Chunks(sizes), **arguments)
+        if shuffle or rank == 1:
+            oracle = infinibatch_chunked(list(range(60)), Chunks(sizes), **arguments)
+            assert [next(pipeline) for _ in range(5)] == [next(oracle) for _ in range(5)]
+        else:
+            with pytest.raises(ValueError, match=f"the chunks of rank {rank} of 4 are all empty"):
+                next(pipeline)
+
+
+def test_an_empty_corpus_is_refused_from_a_prefetching_worker_too() -> None:
+    with chunked_dataset_iterator(
+        list(range(3)), empty_chunk, 4, seed=1, prefetch=True
+    ) as pipeline, pytest.raises(ValueError, match="all 3 chunks in chunk_refs are empty"):
+        next(pipeline)
+
+
+def empty_chunk(chunk: int) -> list[str]:
+    return []
