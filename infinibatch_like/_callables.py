@@ -28,15 +28,15 @@ if TYPE_CHECKING:
 NOTE_PREFIX = "(raised "
 """The library's notes on errors start with this (so that an error is noted once)."""
 
-_SHORT = reprlib.Repr()
-_SHORT.maxstring = _SHORT.maxother = 80
 _NO_ITEM: Any = object()
 
 
 def short_repr(value: object, limit: int = 80) -> str:
     """``repr(value)`` cut in the middle to about `limit` characters (so that a path keeps
     its file name); nested containers are cut too."""
-    text = _SHORT.repr(value)
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = limit
+    text = short.repr(value)
     if len(text) <= limit:
         return text
     head = (limit - 3) // 2

@@ -26,7 +26,9 @@ class FixedBatchIterator(Stage[list[T]]):
 
     Checkpoint:
         ``{"source"}``: the source's state at the start of the next batch. Nothing is
-        re-read.
+        re-read. After an error that interrupts a batch, `getstate` raises RuntimeError
+        (the batch's first items are consumed and not yielded): restore a checkpoint
+        taken before the error.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"source": dict}
@@ -47,7 +49,21 @@ class FixedBatchIterator(Stage[list[T]]):
 
     def _generate(self) -> Iterator[list[T]]:
         pull, size = fast_iterator(self._source), self._batch_size
-        while batch := list(islice(pull, size)):
+        while True:
+            batch: list[T] = []
+            try:
+                batch.extend(islice(pull, size))
+            except Exception as error:
+                if batch:  # taken from the source, never yielded: no state can give them
+                    self._lost_input = (
+                        f"FixedBatchIterator: {type(error).__name__} interrupted a batch after "
+                        f"{len(batch)} items, which the source has given and a restore would "
+                        "skip: the position after the error is not defined. Restore a "
+                        "checkpoint taken before the error (setstate) to continue"
+                    )
+                raise
+            if not batch:
+                return
             yield batch
 
 

@@ -23,6 +23,8 @@ from ._base import (
 from ._callables import NOTE_PREFIX, add_note, has_library_note, short_repr
 
 Selector = Callable[[Any], Iterable[Any]]
+CHUNK_REPR_LIMIT = 240
+"""Errors show source items (chunk paths) up to this length, cut in the middle beyond."""
 Collections = Iterator[tuple[State, Any, Callable[[], Iterator[Any]]]]
 """(source state before the item, the item, how to get its collection) per source item."""
 
@@ -34,10 +36,11 @@ def _select(selector: Selector | None, selector_name: str, item: Any) -> Iterato
         return iter(item)
     collection = selector(item)
     if isinstance(collection, (str, bytes, bytearray)):
+        kind = type(collection).__name__
         raise TypeError(
-            f"{selector_name} returned a {type(collection).__name__} for "
-            f"{short_repr(item)}: it must return an iterable of items (e.g. a list of "
-            f"lines); a {type(collection).__name__} would be flattened into single characters"
+            f"{selector_name} returned a {kind} for {short_repr(item, CHUNK_REPR_LIMIT)}: it "
+            f"must return an iterable of items (e.g. a list of lines); a {kind} would be "
+            "flattened into single characters"
         )
     return iter(collection)
 
@@ -235,6 +238,6 @@ class SelectManyIterator(Stage[Any]):
         reader = self._selector_name if self._selector is not None else "iterating"
         add_note(
             error,
-            f"{NOTE_PREFIX}by {reader} on {short_repr(item)}, "
+            f"{NOTE_PREFIX}by {reader} on {short_repr(item, CHUNK_REPR_LIMIT)}, "
             f"after {self._consumed} of its items)",
         )

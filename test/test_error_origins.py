@@ -485,3 +485,38 @@ def test_an_empty_corpus_is_refused_from_a_prefetching_worker_too() -> None:
 
 def empty_chunk(chunk: int) -> list[str]:
     return []
+
+
+def test_a_batch_interrupted_by_an_error_is_not_skipped_by_a_later_state() -> None:
+    def build() -> it.FixedBatchIterator[str]:
+        return it.FixedBatchIterator(
+            it.SelectManyIterator(native(range(4)), lines_failing_after(3)), 4
+        )
+
+    pipeline = build()
+    batches = [next(pipeline) for _ in range(3)]  # chunks 0 and 1, then 2.0 and 2.1
+    before = pipeline.getstate()
+    with pytest.raises(ReadError):
+        next(pipeline)  # after 2.2, the batch's only item so far
+    with pytest.raises(RuntimeError, match="interrupted a batch after 1 items"):
+        pipeline.getstate()
+    restored = build()
+    restored.setstate(before)
+    with pytest.raises(ReadError):
+        next(restored)
+    assert batches[2] == ["1.3", "1.4", "2.0", "2.1"]
+
+
+@needs_notes
+def test_a_long_chunk_path_keeps_its_file_name_in_the_note() -> None:
+    path = "/mnt/storage/" + "deep/" * 60 + "part-00042.txt.gz"
+
+    def read(chunk: str) -> list[str]:
+        raise OSError("unreadable")
+
+    with pytest.raises(OSError, match="unreadable") as raised:
+        next(it.SelectManyIterator(native([path]), read))
+    (note,) = notes(raised.value)
+    assert note.startswith("(raised by SelectManyIterator's collection_selector on '/mnt/storage/")
+    assert "part-00042.txt.gz', after 0 of its items)" in note
+    assert len(note) < 320
