@@ -186,8 +186,19 @@ class Stage(CheckpointableIterator[T]):
 
     def getstate(self) -> State:
         if self._lost_input is not None:
-            raise RuntimeError(self._lost_input)
+            return self._state_after_lost_input(self._lost_input)
         return {"stage": self._name, **self._state()}
+
+    def _state_after_lost_input(self, reason: str) -> State:
+        """The state after a user callable of this stage raised on an item taken from the
+        source: by default none (RuntimeError with `reason`); a stage whose source can
+        step back one item (`state_before_last`) returns the state that re-attempts it."""
+        raise RuntimeError(reason)
+
+    def _state_before_last(self) -> State | None:
+        """The state that yields this stage's last yielded item again, or None if the
+        stage cannot tell. Asked only after an error lost that item downstream."""
+        return None
 
     def setstate(self, checkpoint: State | None) -> None:
         if self._closed:
@@ -317,6 +328,11 @@ def _rebuild(
     if state is not None:
         stage.setstate(state)
     return stage
+
+
+def state_before_last(source: Iterator[Any]) -> State | None:
+    """`source`'s state one item back (see `Stage._state_before_last`), if it can tell."""
+    return source._state_before_last() if isinstance(source, Stage) else None
 
 
 def skip_items(stage: Stage[Any], iterator: Iterator[Any], n: int, what: str) -> None:

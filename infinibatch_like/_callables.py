@@ -195,8 +195,9 @@ def note_error(pipeline: object, error: BaseException) -> None:
                 raiser.stage._lost_input = (
                     f"{raiser.stage._name}: its {raiser.param} raised "
                     f"{type(error).__name__}, so the item it was given is consumed from the "
-                    "source and not yielded: the position after the error is not defined. "
-                    "Restore a checkpoint taken before the error (setstate) to continue"
+                    "source and not yielded, and the source cannot step back to it: the "
+                    "position after the error is not defined. Restore a checkpoint taken "
+                    "before the error (setstate) to continue"
                 )
         if not has_library_note(error) and (note := callable_note(pipeline, error)):
             add_note(error, note)

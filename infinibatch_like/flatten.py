@@ -166,6 +166,13 @@ class SelectManyIterator(Stage[Any]):
         collections = self._read_now() if self._read_ahead == 0 else self._read_early()
         self._iterator = self._generate(collections, self._consumed)
 
+    def _state_before_last(self) -> State | None:
+        state = self.getstate()
+        if state["consumed"] < 1:  # the last item came from an earlier collection
+            return None
+        state["consumed"] -= 1
+        return state
+
     def _read_now(self) -> Collections:
         """(source state before the item, the item, how to get its collection) per item."""
         source, select = self._source, partial(_select, self._selector, self._selector_name)

@@ -14,6 +14,7 @@ from ._base import (
     fast_iterator,
     require_callable,
     require_checkpointable,
+    state_before_last,
 )
 from ._rng import CountingRandom, Seed, adopt_seed, resolve_seed
 
@@ -33,9 +34,12 @@ class MapIterator(Stage[U]):
 
     Checkpoint:
         ``{"source"}``: the source's state; nothing is re-read on restore. After an error
-        in `transform` the item it was given is consumed from the source, so `getstate`
-        raises RuntimeError instead of a state that would skip it: restore a checkpoint
-        taken before the error (keeping the input would cost every item a copy).
+        in `transform`, the state is the source's state one item back, so that a restore
+        calls the transform on the failing item again (nothing skipped). Sources that can
+        step back one item: lists (`NativeCheckpointableIterator`), `SelectManyIterator`,
+        the block-wise shuffle and bucketed batches, and MapIterators over them; over any
+        other source `getstate` raises RuntimeError after such an error (restore a
+        checkpoint taken before it): keeping each input would cost every item a copy.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"source": dict}
@@ -58,6 +62,16 @@ class MapIterator(Stage[U]):
     def _restore(self, state: State | None) -> None:
         self.restore_source(self._source, None if state is None else state["source"], "source")
         self._iterator = map(self._transform, fast_iterator(self._source))
+
+    def _state_after_lost_input(self, reason: str) -> State:
+        state = self._state_before_last()
+        if state is None:
+            raise RuntimeError(reason)
+        return state
+
+    def _state_before_last(self) -> State | None:
+        before = state_before_last(self._source)  # one in, one out
+        return None if before is None else {"stage": self._name, "source": before}
 
 
 class SamplingRandomMapIterator(Stage[U]):

@@ -65,6 +65,13 @@ class NativeCheckpointableIterator(Stage[T]):
             self._consumed = consumed
             self._iterator = self._counting(iterator)
 
+    def _state_before_last(self) -> State | None:
+        state = self.getstate()
+        if state["consumed"] < 1:
+            return None
+        state["consumed"] -= 1
+        return state
+
     def _counting(self, iterator: Iterator[T]) -> Iterator[T]:
         for item in iterator:
             self._consumed += 1
