@@ -154,12 +154,13 @@ class _EmptyCorpusCheck:
     def __init__(
         self, chunk_refs: Sequence[Any], shuffle: bool, num_instances: int, instance_rank: int
     ) -> None:
-        stride = 1 if shuffle else gcd(num_instances, len(chunk_refs))
-        readable = range(instance_rank % stride, len(chunk_refs), stride)
-        self._needed = len({_chunk_key(chunk_refs[index]) for index in readable})
+        refs = list(chunk_refs)  # positions, as the source sees them (not labels)
+        stride = 1 if shuffle else gcd(num_instances, len(refs))
+        readable = range(instance_rank % stride, len(refs), stride)
+        self._needed = len({_chunk_key(refs[index]) for index in readable})
         self._empty: set[Hashable] = set()
         if stride == 1:
-            self._what = f"all {len(chunk_refs)} chunks in chunk_refs are empty"
+            self._what = f"all {len(refs)} chunks in chunk_refs are empty"
         else:
             self._what = (
                 f"the chunks of rank {instance_rank} of {num_instances} are all empty (with "

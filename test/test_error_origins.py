@@ -12,6 +12,7 @@ from math import gcd
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -241,9 +242,10 @@ class Chunks:
         return [f"{chunk}.{line}" for line in range(self.sizes[chunk])]
 
 
+@pytest.mark.parametrize("refs", [list, tuple, numpy.array])
 @pytest.mark.parametrize("shuffle", [True, False])
-def test_a_corpus_of_empty_chunks_is_refused(shuffle: bool) -> None:
-    pipeline = chunked_dataset_iterator(list(range(5)), Chunks([0] * 5), 8, seed=1, shuffle=shuffle)
+def test_a_corpus_of_empty_chunks_is_refused(shuffle: bool, refs: Any) -> None:
+    pipeline = chunked_dataset_iterator(refs(range(5)), Chunks([0] * 5), 8, seed=1, shuffle=shuffle)
     with pytest.raises(ValueError, match="no items") as raised:
         next(pipeline)
     assert str(raised.value) == (
