@@ -8,7 +8,9 @@ stage even where no frame of the stage is on the stack (a `MapIterator` runs as 
 
 `note_error` is what a pipeline's outermost stage calls when an error surfaces: it adds a
 note such as ``(raised by MapIterator's transform parse on item 'x')`` (once per error) and
-marks the stages that lost their input (see ``_loses_input_on_error``).
+marks the stages whose callable consumed its item (``_loses_input_on_error``): their
+``getstate`` then steps the source back one item, so that a restore re-attempts it, or
+refuses where the source cannot step back.
 """
 
 from __future__ import annotations
