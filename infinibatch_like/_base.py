@@ -16,6 +16,8 @@ from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, NoReturn, TypeVar
 
+from ._callables import note_error
+
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 SelfIterator = TypeVar("SelfIterator", bound="CheckpointableIterator[Any]")
@@ -132,7 +134,11 @@ class Stage(CheckpointableIterator[T]):
     A subclass sets ``_sources`` (its upstream iterators), ``_state_fields`` (the keys of
     its state besides ``"stage"`` and the type each value must have) and implements
     ``_state()`` and ``_restore(state | None)``. ``_restore`` puts the upstream chain into
-    place (through `restore_source`) and rebuilds ``_iterator``.
+    place (through `restore_source`) and rebuilds ``_iterator``. A stage built with user
+    callables names their parameters in ``_user_callables``, so that an error they raise
+    gets a note naming the stage (see `_callables`); if such an error consumes the item the
+    callable was given (a builtin ``map``), ``_loses_input_on_error`` makes `getstate`
+    refuse the undefined position until the next `setstate`.
 
     Checkpoint:
         ``{"stage": <class name>, **fields}``; the fields are the subclass's.
@@ -142,6 +148,11 @@ class Stage(CheckpointableIterator[T]):
     _iterator: Iterator[T]
     _sources: tuple[Iterator[Any], ...] = ()
     _closed: bool = False
+    _user_callables: ClassVar[tuple[str, ...]] = ()
+    """Constructor parameters that take user callables (named in error notes)."""
+    _loses_input_on_error: ClassVar[bool] = False
+    """Whether an error in a user callable consumes the item it was called on."""
+    _lost_input: str | None = None
     _init_args: tuple[tuple[Any, ...], dict[str, Any]]
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Stage[T]:
@@ -162,6 +173,8 @@ class Stage(CheckpointableIterator[T]):
             raise
         except BaseException as error:
             if not self._closed:
+                if isinstance(error, Exception):
+                    note_error(self, error)
                 self._iterator = _Halted(
                     f"{self._name} stopped after an error ({type(error).__name__}: {error}); "
                     "call setstate() with a checkpoint to continue",
@@ -172,11 +185,25 @@ class Stage(CheckpointableIterator[T]):
     # -- checkpoints -------------------------------------------------------------------
 
     def getstate(self) -> State:
+        if self._lost_input is not None:
+            return self._state_after_lost_input(self._lost_input)
         return {"stage": self._name, **self._state()}
+
+    def _state_after_lost_input(self, reason: str) -> State:
+        """The state after a user callable of this stage raised on an item taken from the
+        source: by default none (RuntimeError with `reason`); a stage whose source can
+        step back one item (`state_before_last`) returns the state that re-attempts it."""
+        raise RuntimeError(reason)
+
+    def _state_before_last(self) -> State | None:
+        """The state that yields this stage's last yielded item again, or None if the
+        stage cannot tell. Asked only after an error lost that item downstream."""
+        return None
 
     def setstate(self, checkpoint: State | None) -> None:
         if self._closed:
             raise RuntimeError(f"{self._name}.setstate: the iterator is closed")
+        self._lost_input = None
         self._restore(None if checkpoint is None else self._checked(checkpoint))
 
     def _checked(self, checkpoint: object) -> State:
@@ -301,6 +328,11 @@ def _rebuild(
     if state is not None:
         stage.setstate(state)
     return stage
+
+
+def state_before_last(source: Iterator[Any]) -> State | None:
+    """`source`'s state one item back (see `Stage._state_before_last`), if it can tell."""
+    return source._state_before_last() if isinstance(source, Stage) else None
 
 
 def skip_items(stage: Stage[Any], iterator: Iterator[Any], n: int, what: str) -> None:

@@ -55,6 +55,14 @@ class ReadAheadStage(Stage[T]):
                 return self._pointer(self._source.getstate(), self._rng.draws, 0)
         return self._pointer(self._anchor, self._draws, emitted)
 
+    def _state_before_last(self) -> State | None:
+        emitted = self._group_length - operator.length_hint(self._group)
+        if self._skip or not self._group_length or emitted < 1:
+            return None
+        state = self.getstate()  # a used-up group points at the next one: step back into it
+        state.update(self._pointer(self._anchor, self._draws, emitted - 1))
+        return state
+
     def _pointer(self, source: State, draws: int, emitted: int) -> State:
         return {"source": source, "seed": self._seed, "draws": draws, "emitted": emitted}
 

@@ -26,7 +26,9 @@ class FixedBatchIterator(Stage[list[T]]):
 
     Checkpoint:
         ``{"source"}``: the source's state at the start of the next batch. Nothing is
-        re-read.
+        re-read. After an error that interrupts a batch, `getstate` raises RuntimeError
+        (the batch's first items are consumed and not yielded): restore a checkpoint
+        taken before the error.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"source": dict}
@@ -47,7 +49,21 @@ class FixedBatchIterator(Stage[list[T]]):
 
     def _generate(self) -> Iterator[list[T]]:
         pull, size = fast_iterator(self._source), self._batch_size
-        while batch := list(islice(pull, size)):
+        while True:
+            batch: list[T] = []
+            try:
+                batch.extend(islice(pull, size))
+            except Exception as error:
+                if batch:  # taken from the source, never yielded: no state can give them
+                    self._lost_input = (
+                        f"FixedBatchIterator: {type(error).__name__} interrupted a batch after "
+                        f"{len(batch)} items, which the source has given and a restore would "
+                        "skip: the position after the error is not defined. Restore a "
+                        "checkpoint taken before the error (setstate) to continue"
+                    )
+                raise
+            if not batch:
+                return
             yield batch
 
 
@@ -73,12 +89,19 @@ class BucketedReadaheadBatchIterator(ReadAheadStage[list[T]]):
         shuffle: shuffle each window's batches with one continuing ``Random(seed)``.
         seed: the seed; None draws one (kept in checkpoints).
 
+    Raises:
+        Exception: whatever `key`, `batch_size` or `boundary_key` raises, with a note
+            naming the parameter and the item; the state still points at the window, so
+            a restore re-reads it and raises at the same place.
+
     Checkpoint:
         ``{"source", "seed", "draws", "emitted"}``: the source's state at the start of the
         current window, the generator's position before shuffling its batches and how many
         of them were yielded. No items; a restore re-reads the current window from the
         source.
     """
+
+    _user_callables = ("key", "batch_size", "boundary_key")
 
     def __init__(
         self,

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from math import gcd
 from typing import Any
 
-from ._base import CheckpointableIterator
+from ._base import CheckpointableIterator, require_callable, require_int
+from ._callables import short_repr
 from .flatten import SelectManyIterator
 from .mapping import MapIterator
 from .prefetch import PrefetchIterator
 from .shuffle import BlockwiseShuffleIterator, BufferedShuffleIterator
-from .sources import create_source_iterator
+from .sources import check_rank, create_source_iterator
+
+_OWNER = "chunked_dataset_iterator"
 
 
 def bump_seed(seed: int | None, step: int = 1) -> int | None:
@@ -54,12 +58,26 @@ def chunked_dataset_iterator(
     sits before the windowed shuffle instead, whose state holds its whole buffer (too
     much to snapshot every 100 items). The items are the same either way.
 
+    Raises:
+        TypeError, ValueError: for a bad argument, naming it (e.g. an empty `chunk_refs` in
+            training, or a `read_chunk_fn` that is not callable).
+        ValueError: from ``next()``, in training, once every chunk this rank can read has
+            turned out empty (the endless passes would never yield an item). With
+            ``shuffle=False`` a rank reads a fixed strided subset of the chunks; with
+            shuffling, every chunk in time.
+        TypeError: from ``next()``, if `read_chunk_fn` returns a str or bytes.
+        Exception: whatever reading a chunk raises, with a note naming the chunk; the
+            items before it are delivered and the state points at the failing item.
+
     Checkpoint:
         That of the composed chain: constant size (no items unless `use_windowed`); a
         restore re-reads the current chunk and, with shuffling, the current block.
     """
-    if not train and shuffle:
-        raise ValueError("chunked_dataset_iterator: shuffle=True is not supported when train=False")
+    _check_arguments(
+        chunk_refs, read_chunk_fn, buffer_size, train, seed, shuffle, transform, prefetch
+    )
+    check_rank(_OWNER, num_instances, instance_rank)
+    require_int(_OWNER, "read_ahead_chunks", read_ahead_chunks, 0)
     samples: CheckpointableIterator[Any] = SelectManyIterator(
         create_source_iterator(
             chunk_refs,
@@ -71,6 +89,10 @@ def chunked_dataset_iterator(
         ),
         read_chunk_fn,
         read_ahead=read_ahead_chunks,
+        selector_name=f"{_OWNER}'s read_chunk_fn",
+        on_empty=_EmptyCorpusCheck(chunk_refs, shuffle, num_instances, instance_rank)
+        if train
+        else None,
     )
     if prefetch and use_windowed:
         samples = PrefetchIterator(samples, buffer_size)
@@ -82,3 +104,75 @@ def chunked_dataset_iterator(
     if transform is not None:
         samples = MapIterator(samples, transform)
     return samples
+
+
+def _check_arguments(
+    chunk_refs: object,
+    read_chunk_fn: object,
+    buffer_size: object,
+    train: bool,
+    seed: object,
+    shuffle: bool,
+    transform: object,
+    prefetch: bool,
+) -> None:
+    """Raise TypeError/ValueError naming `chunked_dataset_iterator` and the bad argument."""
+    if isinstance(chunk_refs, (str, bytes)) or not (
+        hasattr(chunk_refs, "__len__") and hasattr(chunk_refs, "__getitem__")
+    ):
+        raise TypeError(
+            f"{_OWNER}: chunk_refs must be a sequence of chunk references (e.g. a list of "
+            f"file names), got {short_repr(chunk_refs)}"
+        )
+    if train and len(chunk_refs) == 0:
+        raise ValueError(f"{_OWNER}: chunk_refs is empty; training (train=True) needs chunks")
+    require_callable(_OWNER, "read_chunk_fn", read_chunk_fn)
+    if shuffle or prefetch:
+        require_int(_OWNER, "buffer_size", buffer_size, 1)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"{_OWNER}: seed must be an int or None, got {seed!r}")
+    if transform is not None:
+        require_callable(_OWNER, "transform", transform)
+    if not train and shuffle:
+        raise ValueError(f"{_OWNER}: shuffle=True is not supported when train=False")
+
+
+def _chunk_key(chunk: Any) -> Hashable:
+    return chunk if isinstance(chunk, Hashable) else (type(chunk).__name__, repr(chunk))
+
+
+class _EmptyCorpusCheck:
+    """Called with each chunk found empty in training; raises once every chunk this rank
+    can ever read has been found empty (the endless passes would spin without an item).
+
+    With ``shuffle=False`` rank r of n reads the positions r, r + n, ... of the repeated
+    chunk list: the chunks whose index is r modulo ``gcd(n, len(chunk_refs))``. With
+    shuffling, every pass is reshuffled, so every chunk reaches every rank in time. Costs
+    one set insertion per empty chunk, nothing per item.
+    """
+
+    def __init__(
+        self, chunk_refs: Sequence[Any], shuffle: bool, num_instances: int, instance_rank: int
+    ) -> None:
+        refs = list(chunk_refs)  # positions, as the source sees them (not labels)
+        stride = 1 if shuffle else gcd(num_instances, len(refs))
+        readable = range(instance_rank % stride, len(refs), stride)
+        self._needed = len({_chunk_key(refs[index]) for index in readable})
+        self._empty: set[Hashable] = set()
+        if stride == 1:
+            self._what = f"all {len(refs)} chunks in chunk_refs are empty"
+        else:
+            self._what = (
+                f"the chunks of rank {instance_rank} of {num_instances} are all empty (with "
+                f"shuffle=False this rank reads the {len(readable)} chunks at indices "
+                f"{instance_rank % stride}, {instance_rank % stride + stride}, ... of "
+                "chunk_refs)"
+            )
+
+    def __call__(self, chunk: Any) -> None:
+        self._empty.add(_chunk_key(chunk))
+        if len(self._empty) >= self._needed:
+            raise ValueError(
+                f"{_OWNER}: {self._what}: read_chunk_fn returned no items for any of them, "
+                "so there are no items to train on"
+            )

@@ -241,6 +241,7 @@ class EqualLengthIterator(Stage[T]):
         "padded": int,
         "dropped": int,
     }
+    _user_callables = ("fill",)
 
     def __init__(
         self,

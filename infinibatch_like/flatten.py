@@ -2,47 +2,64 @@
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
+from itertools import chain
 from typing import Any, ClassVar
 
 from ._base import (
     CheckpointableIterator,
     Stage,
     State,
+    StateMismatchError,
     fast_iterator,
     require_callable,
     require_checkpointable,
     require_int,
     skip_items,
 )
+from ._callables import NOTE_PREFIX, add_note, has_library_note, short_repr
 
 Selector = Callable[[Any], Iterable[Any]]
+CHUNK_REPR_LIMIT = 240
+"""Errors show source items (chunk paths) up to this length, cut in the middle beyond."""
+Collections = Iterator[tuple[State, Any, Callable[[], Iterator[Any]]]]
+"""(source state before the item, the item, how to get its collection) per source item."""
 
 
-def _select(selector: Selector | None, item: Any) -> Iterator[Any]:
-    """``iter(selector(item))``, with a note naming the item when the selector fails."""
+def _select(selector: Selector | None, selector_name: str, item: Any) -> Iterator[Any]:
+    """``iter(selector(item))`` (or ``iter(item)``); a str or bytes collection is refused,
+    as it would be flattened into single characters."""
     if selector is None:
         return iter(item)
-    try:
-        return iter(selector(item))
-    except Exception as error:
-        if sys.version_info >= (3, 11):
-            error.add_note(f"(raised by SelectManyIterator's collection_selector on {item!r})")
-        raise
+    collection = selector(item)
+    if isinstance(collection, (str, bytes, bytearray)):
+        kind = type(collection).__name__
+        raise TypeError(
+            f"{selector_name} returned a {kind} for {short_repr(item, CHUNK_REPR_LIMIT)}: it "
+            f"must return an iterable of items (e.g. a list of lines); a {kind} would be "
+            "flattened into single characters"
+        )
+    return iter(collection)
+
+
+def _raising(error: BaseException) -> Iterator[Any]:
+    """An iterator that raises `error` when it is first advanced."""
+    yield from ()
+    raise error
 
 
 class _Read:
-    """``list(_select(selector, item))`` computed in a daemon thread; `result` waits for it.
+    """``_select(selector, name, item)`` drained into a list in a daemon thread; `result`
+    waits for it. The items read before an error are kept and yielded before it.
 
     zlib, file and network reads release the GIL, so reading and decompressing the next
     chunks overlaps with the consumer's work."""
 
-    def __init__(self, selector: Selector | None, item: Any) -> None:
-        self._selector, self._item = selector, item
+    def __init__(self, selector: Selector | None, selector_name: str, item: Any) -> None:
+        self._selector, self._selector_name, self._item = selector, selector_name, item
         self._items: list[Any] = []
         self._error: BaseException | None = None
         self._thread = threading.Thread(
@@ -52,16 +69,17 @@ class _Read:
 
     def _run(self) -> None:
         try:
-            self._items = list(_select(self._selector, self._item))
+            self._items.extend(_select(self._selector, self._selector_name, self._item))
         except BaseException as error:
             self._error = error
 
     def result(self) -> Iterator[Any]:
         self._thread.join()
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-        return iter(self._items)
+        items = iter(self._items)
+        if self._error is None:
+            return items
+        error, self._error = self._error, None
+        return chain(items, _raising(error))
 
     def wait(self) -> None:
         self._thread.join()
@@ -84,22 +102,32 @@ class SelectManyIterator(Stage[Any]):
             its lines. None iterates over each item.
         read_ahead: how many collections to read ahead in threads (>= 0; 0 reads each one
             when the consumer reaches it).
+        selector_name: how errors name the selector (``chunked_dataset_iterator`` passes
+            ``"chunked_dataset_iterator's read_chunk_fn"``).
+        on_empty: called with the source item whenever its collection is empty (e.g. to
+            refuse a corpus whose chunks are all empty); may raise.
 
     Raises:
-        Exception: whatever the selector raises, when the consumer reaches that
-            collection, with a note naming the source item (the chunk).
+        Exception: whatever the selector, or iterating its collection, raises, when the
+            consumer reaches that item of the collection (the items before it are
+            yielded), with a note naming the source item (the chunk).
+        TypeError: if the selector returns a str or bytes (whose characters would become
+            the items); without a selector, str items are iterated, as in infinibatch.
 
     Checkpoint:
         ``{"source", "consumed"}``: the source's state before the current item, and how
         many of its collection's items were yielded. A restore takes that item from the
         source again, calls the selector again (re-reading one chunk) and skips
-        `consumed` items. Collections read ahead are not part of the state.
+        `consumed` items. Collections read ahead are not part of the state. After an error
+        in reading a collection, the state points at the failing item of it: a restore
+        re-reads the chunk and raises there again, skipping nothing.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
         "source": dict,
         "consumed": int,
     }
+    _user_callables = ("collection_selector",)
 
     def __init__(
         self,
@@ -107,14 +135,20 @@ class SelectManyIterator(Stage[Any]):
         collection_selector: Selector | None = None,
         *,
         read_ahead: int = 0,
+        selector_name: str = "SelectManyIterator's collection_selector",
+        on_empty: Callable[[Any], None] | None = None,
     ) -> None:
         require_checkpointable("SelectManyIterator", "source_iterator", source_iterator)
         if collection_selector is not None:
             require_callable("SelectManyIterator", "collection_selector", collection_selector)
+        if on_empty is not None:
+            require_callable("SelectManyIterator", "on_empty", on_empty)
         self._read_ahead = require_int("SelectManyIterator", "read_ahead", read_ahead, 0)
         self._source = source_iterator
         self._sources = (source_iterator,)
         self._selector = collection_selector
+        self._selector_name = str(selector_name)
+        self._on_empty = on_empty
         self._restore(None)
 
     def _state(self) -> State:
@@ -132,9 +166,16 @@ class SelectManyIterator(Stage[Any]):
         collections = self._read_now() if self._read_ahead == 0 else self._read_early()
         self._iterator = self._generate(collections, self._consumed)
 
-    def _read_now(self) -> Iterator[tuple[State, Callable[[], Iterator[Any]]]]:
-        """(source state before the item, how to get its collection) for each source item."""
-        source, selector = self._source, self._selector
+    def _state_before_last(self) -> State | None:
+        state = self.getstate()
+        if state["consumed"] < 1:  # the last item came from an earlier collection
+            return None
+        state["consumed"] -= 1
+        return state
+
+    def _read_now(self) -> Collections:
+        """(source state before the item, the item, how to get its collection) per item."""
+        source, select = self._source, partial(_select, self._selector, self._selector_name)
         pull = fast_iterator(source)
         while True:
             anchor = source.getstate()
@@ -142,13 +183,13 @@ class SelectManyIterator(Stage[Any]):
                 item = next(pull)
             except StopIteration:
                 return
-            yield anchor, partial(_select, selector, item)
+            yield anchor, item, partial(select, item)
 
-    def _read_early(self) -> Iterator[tuple[State, Callable[[], Iterator[Any]]]]:
+    def _read_early(self) -> Collections:
         """As `_read_now`, with the next `read_ahead` collections read in threads."""
         source, selector = self._source, self._selector
         pull = fast_iterator(source)
-        pending: deque[tuple[State, _Read]] = deque()
+        pending: deque[tuple[State, Any, _Read]] = deque()
         exhausted = False
         failure: Exception | None = None  # the source's, raised where it happened
         try:
@@ -163,34 +204,47 @@ class SelectManyIterator(Stage[Any]):
                     except Exception as error:
                         exhausted, failure = True, error
                         break
-                    pending.append((anchor, _Read(selector, item)))
+                    pending.append((anchor, item, _Read(selector, self._selector_name, item)))
                 if not pending:
                     if failure is not None:
                         raise failure
                     return
-                anchor, read = pending.popleft()
-                yield anchor, read.result
+                anchor, item, read = pending.popleft()
+                yield anchor, item, read.result
         finally:
-            for _, read in pending:  # no reader thread outlives the stage's iteration
+            for _, _, read in pending:  # no reader thread outlives the stage's iteration
                 read.wait()
 
-    def _generate(
-        self, collections: Iterator[tuple[State, Callable[[], Iterator[Any]]]], skip: int
-    ) -> Iterator[Any]:
-        if skip:
+    def _generate(self, collections: Collections, skip: int) -> Iterator[Any]:
+        on_empty = self._on_empty
+        for self._anchor, item, collection in collections:
+            self._consumed = skip
             try:
-                self._anchor, collection = next(collections)
-            except StopIteration:
-                raise self.mismatch(
-                    f"the checkpoint is inside a collection ({skip} items consumed), "
-                    "but the source is exhausted"
-                ) from None
-            inner = collection()
-            skip_items(self, inner, skip, "the current collection")
-            for self._consumed, item in enumerate(inner, skip + 1):
-                yield item
-        for self._anchor, collection in collections:
-            self._consumed = 0
-            for self._consumed, item in enumerate(collection(), 1):
-                yield item
+                inner = collection()
+                if skip:
+                    skip_items(self, inner, skip, "the current collection")
+                for self._consumed, output in enumerate(inner, skip + 1):
+                    yield output
+            except Exception as error:
+                self._note_reading_error(error, item)
+                raise
+            if not self._consumed and on_empty is not None:
+                on_empty(item)
+            skip = 0
+        if skip:
+            raise self.mismatch(
+                f"the checkpoint is inside a collection ({skip} items consumed), "
+                "but the source is exhausted"
+            )
         self._anchor, self._consumed = self._source.getstate(), 0
+
+    def _note_reading_error(self, error: Exception, item: Any) -> None:
+        """Name the item (the chunk) whose collection failed in a note on `error`."""
+        if isinstance(error, StateMismatchError) or has_library_note(error):
+            return
+        reader = self._selector_name if self._selector is not None else "iterating"
+        add_note(
+            error,
+            f"{NOTE_PREFIX}by {reader} on {short_repr(item, CHUNK_REPR_LIMIT)}, "
+            f"after {self._consumed} of its items)",
+        )

@@ -14,6 +14,7 @@ from ._base import (
     fast_iterator,
     require_callable,
     require_checkpointable,
+    state_before_last,
 )
 from ._rng import CountingRandom, Seed, adopt_seed, resolve_seed
 
@@ -27,11 +28,23 @@ class MapIterator(Stage[U]):
     The source is not reset (as in infinibatch). Chains of MapIterators run as nested
     builtin ``map`` objects: a stage adds only the cost of calling its transform.
 
+    Raises:
+        Exception: whatever `transform` raises, with a note naming this stage, the
+            transform and the item.
+
     Checkpoint:
-        ``{"source"}``: the source's state; nothing is re-read on restore.
+        ``{"source"}``: the source's state; nothing is re-read on restore. After an error
+        in `transform`, the state is the source's state one item back, so that a restore
+        calls the transform on the failing item again (nothing skipped). Sources that can
+        step back one item: lists (`NativeCheckpointableIterator`), `SelectManyIterator`,
+        the block-wise shuffle and bucketed batches, and MapIterators over them; over any
+        other source `getstate` raises RuntimeError after such an error (restore a
+        checkpoint taken before it): keeping each input would cost every item a copy.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"source": dict}
+    _user_callables = ("transform",)
+    _loses_input_on_error = True
 
     def __init__(
         self, source_iterator: CheckpointableIterator[T], transform: Callable[[T], U]
@@ -50,6 +63,16 @@ class MapIterator(Stage[U]):
         self.restore_source(self._source, None if state is None else state["source"], "source")
         self._iterator = map(self._transform, fast_iterator(self._source))
 
+    def _state_after_lost_input(self, reason: str) -> State:
+        state = self._state_before_last()
+        if state is None:
+            raise RuntimeError(reason)
+        return state
+
+    def _state_before_last(self) -> State | None:
+        before = state_before_last(self._source)  # one in, one out
+        return None if before is None else {"stage": self._name, "source": before}
+
 
 class SamplingRandomMapIterator(Stage[U]):
     """Yields ``transform(rng, item)`` for each item, with one checkpointed ``Random(seed)``.
@@ -60,7 +83,8 @@ class SamplingRandomMapIterator(Stage[U]):
     Checkpoint:
         ``{"source", "seed", "draws", "gauss_next"}``: the source's state and the
         generator's position (32-bit words drawn). Constant size; a restore redraws
-        `draws` words at C speed.
+        `draws` words at C speed. As with `MapIterator`, `getstate` raises RuntimeError
+        after an error in `transform` (its item is consumed): restore an earlier checkpoint.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
@@ -69,6 +93,8 @@ class SamplingRandomMapIterator(Stage[U]):
         "draws": int,
         "gauss_next": (float, type(None)),
     }
+    _user_callables = ("transform",)
+    _loses_input_on_error = True
 
     def __init__(
         self,

@@ -13,6 +13,7 @@ from ._base import (
     fast_iterator,
     require_callable,
     require_checkpointable,
+    state_before_last,
 )
 
 
@@ -27,12 +28,19 @@ class RecurrentIterator(Stage[Any]):
     Checkpoint:
         ``{"source", "recurrent_state"}``: the source's state and a deep copy of the
         recurrent state, which must be plain data for JSON checkpoints. Nothing is re-read.
+        After an error in `step_function`, the state holds the source's state one item
+        back and the recurrent state as it is (a step that changes its state in place
+        before raising leaves that change), so a restore re-attempts the failing item;
+        over a source that cannot step back (see `MapIterator`), `getstate` raises
+        RuntimeError: restore a checkpoint taken before the error.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
         "source": dict,
         "recurrent_state": object,
     }
+    _user_callables = ("step_function",)
+    _loses_input_on_error = True
 
     def __init__(
         self,
@@ -60,6 +68,12 @@ class RecurrentIterator(Stage[Any]):
             self._initial_state if state is None else state["recurrent_state"]
         )
         self._iterator = self._generate()
+
+    def _state_after_lost_input(self, reason: str) -> State:
+        before = state_before_last(self._source)
+        if before is None:
+            raise RuntimeError(reason)
+        return {"stage": self._name, **self._state(), "source": before}
 
     def _generate(self) -> Iterator[Any]:
         step = self._step

@@ -65,6 +65,13 @@ class NativeCheckpointableIterator(Stage[T]):
             self._consumed = consumed
             self._iterator = self._counting(iterator)
 
+    def _state_before_last(self) -> State | None:
+        state = self.getstate()
+        if state["consumed"] < 1:
+            return None
+        state["consumed"] -= 1
+        return state
+
     def _counting(self, iterator: Iterator[T]) -> Iterator[T]:
         for item in iterator:
             self._consumed += 1
@@ -87,7 +94,7 @@ def ChunkedSourceIterator(
     Checkpoint:
         That of `NativeCheckpointableIterator`; a restore jumps to the position directly.
     """
-    num_instances, instance_rank = _check_rank(
+    num_instances, instance_rank = check_rank(
         "ChunkedSourceIterator", num_instances, instance_rank
     )
     base, extra = divmod(len(source_items), num_instances)
@@ -137,7 +144,7 @@ class InfinitePermutationSourceIterator(Stage[T]):
     ) -> None:
         if len(source_items) == 0:
             raise ValueError("InfinitePermutationSourceIterator: source_items must not be empty")
-        self._num_instances, self._instance_rank = _check_rank(
+        self._num_instances, self._instance_rank = check_rank(
             "InfinitePermutationSourceIterator", num_instances, instance_rank
         )
         self._items = list(source_items)
@@ -265,7 +272,7 @@ def create_source_iterator(
     )
 
 
-def _check_rank(owner: str, num_instances: int, instance_rank: int) -> tuple[int, int]:
+def check_rank(owner: str, num_instances: int, instance_rank: int) -> tuple[int, int]:
     require_int(owner, "num_instances", num_instances, 1)
     require_int(owner, "instance_rank", instance_rank, 0)
     if instance_rank >= num_instances:

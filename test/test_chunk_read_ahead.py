@@ -99,7 +99,7 @@ def test_a_failing_chunk_raises_where_it_is_reached_and_names_the_chunk() -> Non
         assert got == ["0.0", "0.1", "1.0", "1.1", "2.0", "2.1"]  # nothing lost before it
         if sys.version_info >= (3, 11):
             assert raised.value.__notes__ == [
-                "(raised by SelectManyIterator's collection_selector on 3)"
+                "(raised by SelectManyIterator's collection_selector on 3, after 0 of its items)"
             ]
         state = pipeline.getstate()
     chunks.fail_at = None
