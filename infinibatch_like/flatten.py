@@ -18,6 +18,7 @@ from ._base import (
     require_checkpointable,
     require_int,
     skip_items,
+    source_state,
 )
 
 Selector = Callable[[Any], Iterable[Any]]
@@ -123,7 +124,7 @@ class SelectManyIterator(Stage[Any]):
     def _restore(self, state: State | None) -> None:
         if state is None:
             self.restore_source(self._source, None, "source")
-            self._anchor, self._consumed = self._source.getstate(), 0
+            self._anchor, self._consumed = source_state(self._source), 0
         else:
             self.restore_source(self._source, state["source"], "source")
             self._anchor, self._consumed = state["source"], state["consumed"]
@@ -137,7 +138,7 @@ class SelectManyIterator(Stage[Any]):
         source, selector = self._source, self._selector
         pull = fast_iterator(source)
         while True:
-            anchor = source.getstate()
+            anchor = source_state(source)
             try:
                 item = next(pull)
             except StopIteration:
@@ -154,7 +155,7 @@ class SelectManyIterator(Stage[Any]):
         try:
             while True:
                 while not exhausted and len(pending) <= self._read_ahead:
-                    anchor = source.getstate()
+                    anchor = source_state(source)
                     try:
                         item = next(pull)
                     except StopIteration:
@@ -193,4 +194,4 @@ class SelectManyIterator(Stage[Any]):
             self._consumed = 0
             for self._consumed, item in enumerate(collection(), 1):
                 yield item
-        self._anchor, self._consumed = self._source.getstate(), 0
+        self._anchor, self._consumed = source_state(self._source), 0

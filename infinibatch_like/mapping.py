@@ -14,8 +14,17 @@ from ._base import (
     fast_iterator,
     require_callable,
     require_checkpointable,
+    source_state,
 )
-from ._rng import CountingRandom, Seed, adopt_seed, resolve_seed
+from ._rng import (
+    MARK_FIELDS,
+    CountingRandom,
+    Seed,
+    adopt_seed,
+    mark_fields,
+    read_mark,
+    resolve_seed,
+)
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -44,7 +53,7 @@ class MapIterator(Stage[U]):
         self._iterator = map(transform, fast_iterator(source_iterator))
 
     def _state(self) -> State:
-        return {"source": self._source.getstate()}
+        return {"source": source_state(self._source)}
 
     def _restore(self, state: State | None) -> None:
         self.restore_source(self._source, None if state is None else state["source"], "source")
@@ -58,15 +67,15 @@ class SamplingRandomMapIterator(Stage[U]):
     the transform may call any of its methods except ``seed``/``setstate``.
 
     Checkpoint:
-        ``{"source", "seed", "draws", "gauss_next"}``: the source's state and the
-        generator's position (32-bit words drawn). Constant size; a restore redraws
-        `draws` words at C speed.
+        ``{"source", "seed", "draws", "generator", "gauss_next"}``: the source's state and
+        the generator's position (see `infinibatch_like._rng`). Constant size; a restore
+        redraws at most 2**24 words at C speed.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
         "source": dict,
         "seed": (int, str),
-        "draws": int,
+        **MARK_FIELDS,
         "gauss_next": (float, type(None)),
     }
 
@@ -87,9 +96,9 @@ class SamplingRandomMapIterator(Stage[U]):
     def _state(self) -> State:
         rng = self._rng
         return {
-            "source": self._source.getstate(),
+            "source": source_state(self._source),
             "seed": self._seed,
-            "draws": rng.draws,
+            **mark_fields(rng.mark()),
             "gauss_next": rng.gauss_next,
         }
 
@@ -99,7 +108,6 @@ class SamplingRandomMapIterator(Stage[U]):
             self._rng = CountingRandom(self._seed)
         else:
             self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
-            if state["draws"] < 0:
-                raise self.mismatch(f"'draws' must be >= 0, got {state['draws']}")
-            self._rng = CountingRandom.at(self._seed, state["draws"], state["gauss_next"])
+            mark = read_mark(self, state["draws"], state["generator"])
+            self._rng = CountingRandom.from_mark(self._seed, mark, state["gauss_next"])
         self._iterator = map(partial(self._transform, self._rng), fast_iterator(self._source))

@@ -13,6 +13,7 @@ from ._base import (
     fast_iterator,
     require_callable,
     require_checkpointable,
+    source_state,
 )
 
 
@@ -50,7 +51,7 @@ class RecurrentIterator(Stage[Any]):
 
     def _state(self) -> State:
         return {
-            "source": self._source.getstate(),
+            "source": source_state(self._source),
             "recurrent_state": copy.deepcopy(self._recurrent_state),
         }
 
