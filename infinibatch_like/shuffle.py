@@ -139,10 +139,13 @@ class BufferedShuffleIterator(Stage[T]):
                     f"the checkpoint's buffer holds {len(buffer)} slots, this stage has "
                     f"{self._size}"
                 )
-            for index in empty:
-                if type(index) is not int or not 0 <= index < len(buffer):
-                    raise self.mismatch(f"empty-slot index {index!r} is out of range")
-                buffer[index] = _EMPTY
+            previous = -1
+            for index in empty:  # increasing indices of slots that hold None
+                if type(index) is not int or not previous < index < len(buffer):
+                    raise self.mismatch(f"'empty' must list slots in increasing order: {empty!r}")
+                if buffer[index] is not None:
+                    raise self.mismatch(f"slot {index} is listed as empty but holds an item")
+                buffer[index], previous = _EMPTY, index
             mark = read_mark(self, state["draws"], state["generator"])
             self._buffer = buffer
             self._rng = CountingRandom.from_mark(self._seed, mark)
