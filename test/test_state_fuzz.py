@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import infinibatch_like.iterators as it
+from infinibatch_like._base import Stage
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.distributed import EqualLengthIterator
 
@@ -80,23 +81,9 @@ PIPELINES: list[Callable[[], it.CheckpointableIterator[Any]]] = [
 ]
 
 STAGE_NAMES = sorted(
-    {
-        "BlockwiseShuffleIterator",
-        "BucketedReadaheadBatchIterator",
-        "BufferedShuffleIterator",
-        "EqualLengthIterator",
-        "FixedBatchIterator",
-        "InfinitePermutationSourceIterator",
-        "MapIterator",
-        "NativeCheckpointableIterator",
-        "RandomIterator",
-        "RecurrentIterator",
-        "SamplingRandomMapIterator",
-        "SelectManyIterator",
-        "WeightedMultiplexIterator",
-        "WindowedIterator",
-        "ZipIterator",
-    }
+    name
+    for name, value in {**vars(it), "EqualLengthIterator": EqualLengthIterator}.items()
+    if isinstance(value, type) and issubclass(value, Stage)
 )
 
 NUMBER_DAMAGE: list[Any] = [10**18, 2**64, -1, -(2**63), 0, 3, "7", 1.5, None, True, [], {}]
