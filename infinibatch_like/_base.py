@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections.abc
 import inspect
 import pickle
+import weakref
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, NoReturn, TypeVar
@@ -109,6 +110,26 @@ def require_callable(owner: str, param: str, value: object) -> None:
         raise TypeError(f"{owner}: {param} must be callable, got {value!r}")
 
 
+def copy_plain(value: Any) -> Any:
+    """A copy of `value`'s dicts and lists (the containers of a state); leaves are shared."""
+    if type(value) is dict:
+        return {key: copy_plain(item) for key, item in value.items()}
+    if type(value) is list:
+        return [copy_plain(item) for item in value]
+    return value
+
+
+def source_state(source: CheckpointableIterator[Any]) -> State:
+    """`source`'s state, for a downstream stage to record or to return within its own.
+
+    A stage's state is not copied here: ``getstate`` copies the whole state once, at the
+    stage it is called on, so recording a source's position costs no copy.
+    """
+    if isinstance(source, Stage):
+        return source._snapshot()
+    return source.getstate()
+
+
 def fast_iterator(source: Iterator[T]) -> Iterator[T]:
     """The iterator a downstream stage should pull from to read `source`'s items."""
     if isinstance(source, Stage):
@@ -134,35 +155,70 @@ class Stage(CheckpointableIterator[T]):
     A subclass sets ``_sources`` (its upstream iterators), ``_state_fields`` (the keys of
     its state besides ``"stage"`` and the type each value must have) and implements
     ``_state()`` and ``_restore(state | None)``. ``_restore`` puts the upstream chain into
-    place (through `restore_source`) and rebuilds ``_iterator``. A stage built with user
-    callables names their parameters in ``_user_callables``, so that an error they raise
-    gets a note naming the stage (see `_callables`); if such an error consumes the item the
-    callable was given (a builtin ``map``), ``_loses_input_on_error`` makes `getstate`
-    refuse the undefined position until the next `setstate`.
+    place (through `restore_source`) and rebuilds ``_iterator``. A stage records its
+    sources' positions with `source_state` (no copy) and, if some of its arguments decide
+    the stream, returns them from ``_arguments()``. A stage built with user callables names
+    their parameters in ``_user_callables``, so that an error they raise gets a note naming
+    the stage (see `_callables`); if such an error consumes the item the callable was given
+    (a builtin ``map``), ``_loses_input_on_error`` makes the state step the source back to
+    that item, or `getstate` refuse the undefined position until the next `setstate`.
+
+    The base class gives every stage the contract's guarantees: states in and out are
+    snapshots (`getstate` copies the state once, at the stage it is called on, and
+    `setstate` copies what it is given); keys added to a state by the caller are ignored
+    at every level; a state taken with other stream-deciding arguments is refused; after
+    `close`, `getstate` still returns the position at the close.
+
+    Restore the outermost stage (the one you iterate): it restores its sources. Calling
+    `setstate` directly on a stage that another stage consumes would leave that consumer
+    with its own position and buffers from before, reading a stream that no longer
+    matches them (infinibatch silently carries on so). Here the consumers, up to the
+    outermost stage, are marked at that call, at no per-item cost: their ``next()`` and
+    ``getstate()`` raise a RuntimeError naming both stages until the outermost stage is
+    restored (or reset with ``setstate(None)``).
 
     Checkpoint:
-        ``{"stage": <class name>, **fields}``; the fields are the subclass's.
+        ``{"stage": <class name>, **fields}``, plus ``"fingerprint"``: the stage's
+        stream-deciding arguments, for stages that have some (a state without one, as
+        written by version 0.1.0, is accepted unchecked).
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {}
     _iterator: Iterator[T]
-    _sources: tuple[Iterator[Any], ...] = ()
+    _upstream: tuple[Iterator[Any], ...] = ()
+    _consumers: list[weakref.ref[Stage[Any]]]
     _closed: bool = False
     _user_callables: ClassVar[tuple[str, ...]] = ()
     """Constructor parameters that take user callables (named in error notes)."""
     _loses_input_on_error: ClassVar[bool] = False
     """Whether an error in a user callable consumes the item it was called on."""
     _lost_input: str | None = None
+    _closed_state: State | None = None
+    _closed_reason: str = ""
+    _desync: str | None = None
     _init_args: tuple[tuple[Any, ...], dict[str, Any]]
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Stage[T]:
         self = super().__new__(cls)
         self._init_args = (args, kwargs)
+        self._consumers = []
         return self
 
     @property
     def _name(self) -> str:
         return type(self).__name__
+
+    @property
+    def _sources(self) -> tuple[Iterator[Any], ...]:
+        """The upstream iterators; setting them registers this stage as their consumer."""
+        return self._upstream
+
+    @_sources.setter
+    def _sources(self, sources: tuple[Iterator[Any], ...]) -> None:
+        self._upstream = tuple(sources)
+        for source in self._upstream:
+            if isinstance(source, Stage):
+                source._consumers.append(weakref.ref(self))
 
     # -- iteration ---------------------------------------------------------------------
 
@@ -172,7 +228,7 @@ class Stage(CheckpointableIterator[T]):
         except StopIteration:
             raise
         except BaseException as error:
-            if not self._closed:
+            if not self._closed and not isinstance(self._iterator, _Halted):
                 if isinstance(error, Exception):
                     note_error(self, error)
                 self._iterator = _Halted(
@@ -185,15 +241,32 @@ class Stage(CheckpointableIterator[T]):
     # -- checkpoints -------------------------------------------------------------------
 
     def getstate(self) -> State:
-        if self._lost_input is not None:
-            return self._state_after_lost_input(self._lost_input)
-        return {"stage": self._name, **self._state()}
+        state: State = copy_plain(self._snapshot())
+        return state
 
-    def _state_after_lost_input(self, reason: str) -> State:
-        """The state after a user callable of this stage raised on an item taken from the
-        source: by default none (RuntimeError with `reason`); a stage whose source can
-        step back one item (`state_before_last`) returns the state that re-attempts it."""
-        raise RuntimeError(reason)
+    def _snapshot(self) -> State:
+        """The state, not copied: what `source_state` gives to downstream stages."""
+        if self._closed:
+            if self._closed_state is None:
+                raise RuntimeError(
+                    f"{self._name}.getstate: the iterator is closed and its position could "
+                    f"not be recorded at the close ({self._closed_reason})"
+                )
+            return self._closed_state
+        if self._desync is not None:
+            raise RuntimeError(self._desync)
+        fields = self._state() if self._lost_input is None else self._fields_after_lost_input()
+        state = {"stage": self._name, **fields}
+        fingerprint = self._fingerprint
+        if fingerprint:
+            state["fingerprint"] = fingerprint
+        return state
+
+    def _fields_after_lost_input(self) -> State:
+        """The state's fields after a user callable of this stage raised on an item taken
+        from the source: by default none (RuntimeError saying why); a stage whose source
+        can step back one item (`state_before_last`) returns the fields that re-attempt it."""
+        raise RuntimeError(self._lost_input)
 
     def _state_before_last(self) -> State | None:
         """The state that yields this stage's last yielded item again, or None if the
@@ -201,35 +274,101 @@ class Stage(CheckpointableIterator[T]):
         return None
 
     def setstate(self, checkpoint: State | None) -> None:
+        self._desync_consumers()
+        self._set(None if checkpoint is None else copy_plain(checkpoint))
+
+    def _set(self, checkpoint: State | None) -> None:
+        """`setstate` without copying `checkpoint` (this stage may keep parts of it)."""
         if self._closed:
             raise RuntimeError(f"{self._name}.setstate: the iterator is closed")
-        self._lost_input = None
+        self._lost_input = self._desync = None
         self._restore(None if checkpoint is None else self._checked(checkpoint))
 
+    def _desync_consumers(self) -> None:
+        """Mark every stage downstream of this one as no longer matching its source."""
+        pending: list[Stage[Any]] = [self]
+        while pending:
+            for ref in pending.pop()._consumers:
+                consumer = ref()
+                if consumer is None or consumer._closed or consumer._desync is not None:
+                    continue
+                consumer._desync = (
+                    f"{consumer._name} no longer matches its source: {self._name}, which it "
+                    f"consumes, was restored directly with {self._name}.setstate(); restore "
+                    "the outermost stage (the one you iterate) instead, with "
+                    "pipeline.setstate(state) or pipeline.setstate(None)"
+                )
+                consumer._iterator = _Halted(consumer._desync, None)
+                pending.append(consumer)
+
     def _checked(self, checkpoint: object) -> State:
+        """`checkpoint` checked against this stage, with keys the caller added removed.
+
+        The checkpoint is this pipeline's own copy (see `setstate`), so it is trimmed in
+        place: stages that keep part of it see the same trimmed dicts.
+        """
         if not isinstance(checkpoint, dict):
             raise self.mismatch(f"expected a dict, got {type(checkpoint).__name__}")
         stage = checkpoint.get("stage")
         if stage != self._name:
             raise self.mismatch(f"expected a state of {self._name}, got one of {stage!r}")
-        expected = set(self._state_fields) | {"stage"}
-        if set(checkpoint) != expected:
-            missing = sorted(expected - set(checkpoint))
-            extra = sorted(set(checkpoint) - expected)
-            raise self.mismatch(f"state keys differ: missing {missing}, unexpected {extra}")
+        missing = sorted(set(self._state_fields) - set(checkpoint))
+        if missing:
+            raise self.mismatch(f"the state lacks the fields {missing}")
         for key, kind in self._state_fields.items():
             value = checkpoint[key]
-            if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+            kinds = kind if isinstance(kind, tuple) else (kind,)
+            if not isinstance(value, kinds) or (
+                type(value) is bool and bool not in kinds and object not in kinds
+            ):
+                names = " or ".join(getattr(option, "__name__", str(option)) for option in kinds)
                 raise self.mismatch(
-                    f"state field {key!r} has type {type(value).__name__}, "
-                    f"expected {getattr(kind, '__name__', kind)}"
+                    f"state field {key!r} has type {type(value).__name__}, expected {names}"
                 )
+        known = {"stage", *self._state_fields}
+        fingerprint = self._fingerprint
+        if fingerprint and "fingerprint" in checkpoint:  # states of 0.1.0 have none
+            self._check_fingerprint(checkpoint["fingerprint"], fingerprint)
+            checkpoint["fingerprint"] = fingerprint
+            known.add("fingerprint")
+        for extra in [key for key in checkpoint if key not in known]:
+            del checkpoint[extra]
         return checkpoint
+
+    @property
+    def _fingerprint(self) -> State:
+        cached: State | None = self.__dict__.get("_fingerprint_cache")
+        if cached is None:
+            cached = self.__dict__["_fingerprint_cache"] = self._arguments()
+        return cached
+
+    def _arguments(self) -> State:
+        """The arguments that decide the stream, as small plain data (computed once).
+
+        A state taken with other values is refused, naming the argument. Arguments that
+        may change at a restart (sizes of background buffers, read-ahead) are left out.
+        """
+        return {}
+
+    def _check_fingerprint(self, saved: object, own: State) -> None:
+        if not isinstance(saved, dict):
+            raise self.mismatch(f"state field 'fingerprint' must be a dict, got {saved!r}")
+        for name, value in own.items():
+            if name not in saved:
+                raise self.mismatch(f"the state's fingerprint lacks the argument {name!r}")
+            if type(saved[name]) is not type(value) or saved[name] != value:
+                raise self.mismatch(
+                    f"the checkpoint was taken with {name}={saved[name]!r}, this stage has "
+                    f"{name}={value!r}; this argument decides the stream and cannot change "
+                    "at a restart"
+                )
 
     def restore_source(self, source: Iterator[Any], state: State | None, where: str) -> None:
         """Set `source` to `state`, naming `where` (e.g. ``"source"``) in mismatch errors."""
         try:
-            if isinstance(source, CheckpointableIterator):
+            if isinstance(source, Stage):
+                source._set(state)
+            elif isinstance(source, CheckpointableIterator):
                 source.setstate(state)
         except StateMismatchError as error:
             raise error.within(f"{self._name}.{where}") from None
@@ -242,6 +381,9 @@ class Stage(CheckpointableIterator[T]):
             raise self.mismatch(
                 f"the checkpoint holds {len(states)} {where} states, this stage has {len(sources)}"
             )
+        for index, state in enumerate(states or ()):
+            if not isinstance(state, dict):
+                raise self.mismatch(f"{where}[{index}] must be a dict, got {state!r}")
         for index, source in enumerate(sources):
             self.restore_source(
                 source, None if states is None else states[index], f"{where}[{index}]"
@@ -260,8 +402,13 @@ class Stage(CheckpointableIterator[T]):
     # -- lifecycle ---------------------------------------------------------------------
 
     def close(self) -> None:
+        """Release background resources; `getstate` keeps returning the position here."""
         if self._closed:
             return
+        try:
+            self._closed_state = self._snapshot()
+        except Exception as error:  # e.g. a stage that failed: getstate() will say so
+            self._closed_reason = f"{type(error).__name__}: {error}"
         self._closed = True
         self._iterator = _Halted(f"{self._name} is closed", None)
         for source in self._sources:

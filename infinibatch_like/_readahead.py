@@ -12,8 +12,25 @@ from abc import abstractmethod
 from collections.abc import Iterator
 from typing import Any, ClassVar, TypeVar
 
-from ._base import CheckpointableIterator, Stage, State, fast_iterator, require_checkpointable
-from ._rng import CountingRandom, Seed, adopt_seed, resolve_seed
+from ._base import (
+    CheckpointableIterator,
+    Stage,
+    State,
+    copy_plain,
+    fast_iterator,
+    require_checkpointable,
+    source_state,
+)
+from ._rng import (
+    MARK_FIELDS,
+    CountingRandom,
+    Mark,
+    Seed,
+    adopt_seed,
+    mark_fields,
+    read_mark,
+    resolve_seed,
+)
 
 T = TypeVar("T")
 
@@ -23,16 +40,16 @@ class ReadAheadStage(Stage[T]):
     time; subclasses implement `_next_group`.
 
     Checkpoint:
-        ``{"source", "seed", "draws", "emitted"}``: the source's state and the generator's
-        position where the current group starts, and how many of its outputs were yielded.
-        Between groups the state points at the next group, so a restore re-reads at most
-        the one group being yielded.
+        ``{"source", "seed", "draws", "generator", "emitted"}``: the source's state and the
+        generator's position where the current group starts, and how many of its outputs
+        were yielded (at most `_most_outputs`). Between groups the state points at the
+        next group, so a restore re-reads at most the one group being yielded.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
         "source": dict,
         "seed": (int, str),
-        "draws": int,
+        **MARK_FIELDS,
         "emitted": int,
     }
 
@@ -43,6 +60,11 @@ class ReadAheadStage(Stage[T]):
         self._sources = (source,)
         self._restore(None)
 
+    @property
+    @abstractmethod
+    def _most_outputs(self) -> int:
+        """The most outputs a group can have (bounds a state's 'emitted')."""
+
     @abstractmethod
     def _next_group(self, pull: Iterator[Any], rng: CountingRandom) -> tuple[list[T], bool]:
         """Read the next group from `pull`: its outputs, and whether it is the last one."""
@@ -52,37 +74,36 @@ class ReadAheadStage(Stage[T]):
         if not emitted and self._group_length:
             emitted = self._group_length - operator.length_hint(self._group)
             if emitted == self._group_length:  # used up: point at the next group instead
-                return self._pointer(self._source.getstate(), self._rng.draws, 0)
-        return self._pointer(self._anchor, self._draws, emitted)
+                return self._pointer(source_state(self._source), self._rng.mark(), 0)
+        return self._pointer(self._anchor, self._mark, emitted)
 
     def _state_before_last(self) -> State | None:
         emitted = self._group_length - operator.length_hint(self._group)
         if self._skip or not self._group_length or emitted < 1:
             return None
         state = self.getstate()  # a used-up group points at the next one: step back into it
-        state.update(self._pointer(self._anchor, self._draws, emitted - 1))
+        state.update(copy_plain(self._pointer(self._anchor, self._mark, emitted - 1)))
         return state
 
-    def _pointer(self, source: State, draws: int, emitted: int) -> State:
-        return {"source": source, "seed": self._seed, "draws": draws, "emitted": emitted}
+    def _pointer(self, source: State, mark: Mark, emitted: int) -> State:
+        return {"source": source, "seed": self._seed, **mark_fields(mark), "emitted": emitted}
 
     def _restore(self, state: State | None) -> None:
         if state is None:
             self.restore_source(self._source, None, "source")
-            self._anchor, self._draws, self._skip = self._source.getstate(), 0, 0
+            self._mark: Mark = (0, None)
+            self._skip = 0
         else:
             self.restore_source(self._source, state["source"], "source")
             self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
-            self._anchor, self._draws, self._skip = (
-                state["source"],
-                state["draws"],
-                state["emitted"],
-            )
-            if self._draws < 0 or self._skip < 0:
+            self._mark = read_mark(self, state["draws"], state["generator"])
+            self._skip = state["emitted"]
+            if not 0 <= self._skip <= self._most_outputs:
                 raise self.mismatch(
-                    f"'draws' {self._draws} and 'emitted' {self._skip} must be >= 0"
+                    f"'emitted' must be in [0, {self._most_outputs}], got {self._skip}"
                 )
-        self._rng = CountingRandom.at(self._seed, self._draws)
+        self._anchor = source_state(self._source)
+        self._rng = CountingRandom.from_mark(self._seed, self._mark)
         self._group: Iterator[T] = iter(())
         self._group_length = 0
         self._iterator = self._generate()
@@ -103,5 +124,5 @@ class ReadAheadStage(Stage[T]):
             yield from group
             if last:
                 return
-            self._anchor, self._draws = source.getstate(), rng.draws
+            self._anchor, self._mark = source_state(source), rng.mark()
             self._group, self._group_length = iter(()), 0

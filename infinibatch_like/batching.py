@@ -14,7 +14,9 @@ from ._base import (
     require_callable,
     require_checkpointable,
     require_int,
+    source_state,
 )
+from ._fingerprint import described
 from ._readahead import ReadAheadStage
 from ._rng import CountingRandom, Seed
 
@@ -25,10 +27,10 @@ class FixedBatchIterator(Stage[list[T]]):
     """Yields lists of `batch_size` consecutive items; the last one may be shorter.
 
     Checkpoint:
-        ``{"source"}``: the source's state at the start of the next batch. Nothing is
-        re-read. After an error that interrupts a batch, `getstate` raises RuntimeError
-        (the batch's first items are consumed and not yielded): restore a checkpoint
-        taken before the error.
+        ``{"source", "fingerprint"}``: the source's state at the start of the next batch,
+        and `batch_size`, which cannot change at a restart. Nothing is re-read. After an
+        error that interrupts a batch, `getstate` raises RuntimeError (the batch's first
+        items are consumed and not yielded): restore a checkpoint taken before the error.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"source": dict}
@@ -40,8 +42,11 @@ class FixedBatchIterator(Stage[list[T]]):
         self._sources = (source_iterator,)
         self._restore(None)
 
+    def _arguments(self) -> State:
+        return {"batch_size": self._batch_size}
+
     def _state(self) -> State:
-        return {"source": self._source.getstate()}
+        return {"source": source_state(self._source)}
 
     def _restore(self, state: State | None) -> None:
         self.restore_source(self._source, None if state is None else state["source"], "source")
@@ -95,10 +100,12 @@ class BucketedReadaheadBatchIterator(ReadAheadStage[list[T]]):
             a restore re-reads it and raises at the same place.
 
     Checkpoint:
-        ``{"source", "seed", "draws", "emitted"}``: the source's state at the start of the
-        current window, the generator's position before shuffling its batches and how many
-        of them were yielded. No items; a restore re-reads the current window from the
-        source.
+        ``{"source", "seed", "draws", "generator", "emitted", "fingerprint"}``: the source's
+        state at the start of the current window, the generator's position before
+        shuffling its batches and how many of them were yielded, and the arguments that
+        decide the batches, which cannot change at a restart: `read_ahead`, `batch_size`
+        (an int, or ``"callable"``), whether `key` and `boundary_key` are given, and
+        `shuffle`. No items; a restore re-reads the current window from the source.
     """
 
     _user_callables = ("key", "batch_size", "boundary_key")
@@ -126,6 +133,19 @@ class BucketedReadaheadBatchIterator(ReadAheadStage[list[T]]):
         self._key, self._batch_size, self._boundary_key = key, batch_size, boundary_key
         self._shuffle = bool(shuffle)
         self._init_read_ahead(source_iterator, seed)
+
+    def _arguments(self) -> State:
+        return {
+            "read_ahead": self._read_ahead,
+            "key": described(self._key),
+            "batch_size": self._batch_size if isinstance(self._batch_size, int) else "callable",
+            "boundary_key": described(self._boundary_key),
+            "shuffle": self._shuffle,
+        }
+
+    @property
+    def _most_outputs(self) -> int:
+        return self._read_ahead
 
     def _next_group(self, pull: Iterator[T], rng: CountingRandom) -> tuple[list[list[T]], bool]:
         items = list(islice(pull, self._read_ahead))

@@ -21,7 +21,9 @@ from ._base import (
     fast_iterator,
     require_callable,
     require_checkpointable,
+    source_state,
 )
+from ._fingerprint import described
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -264,6 +266,9 @@ class EqualLengthIterator(Stage[T]):
         self._group = group
         self._restore(None)
 
+    def _arguments(self) -> State:
+        return {"policy": "drop" if self._drop else "pad", "fill": described(self._fill)}
+
     @property
     def last_is_padding(self) -> bool:
         """Whether the item yielded last is padding (the share had ended)."""
@@ -275,7 +280,7 @@ class EqualLengthIterator(Stage[T]):
         return {"real": self._real, "padded": self._padded, "dropped": self._dropped}
 
     def _state(self) -> State:
-        return {"source": self._source.getstate(), "phase": self._phase, **self.counts}
+        return {"source": source_state(self._source), "phase": self._phase, **self.counts}
 
     def _restore(self, state: State | None) -> None:
         self.restore_source(self._source, None if state is None else state["source"], "source")
@@ -320,7 +325,7 @@ class EqualLengthIterator(Stage[T]):
                 else:
                     item = next(pull, _NOTHING)
                     if item is _NOTHING:  # repeat the share from its start
-                        self._source.setstate(None)
+                        self.restore_source(self._source, None, "source")
                         pull = fast_iterator(self._source)
                         item = next(pull)
                 self._phase = "padding"

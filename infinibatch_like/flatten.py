@@ -19,6 +19,7 @@ from ._base import (
     require_checkpointable,
     require_int,
     skip_items,
+    source_state,
 )
 from ._callables import NOTE_PREFIX, add_note, has_library_note, short_repr
 
@@ -157,7 +158,7 @@ class SelectManyIterator(Stage[Any]):
     def _restore(self, state: State | None) -> None:
         if state is None:
             self.restore_source(self._source, None, "source")
-            self._anchor, self._consumed = self._source.getstate(), 0
+            self._anchor, self._consumed = source_state(self._source), 0
         else:
             self.restore_source(self._source, state["source"], "source")
             self._anchor, self._consumed = state["source"], state["consumed"]
@@ -178,7 +179,7 @@ class SelectManyIterator(Stage[Any]):
         source, select = self._source, partial(_select, self._selector, self._selector_name)
         pull = fast_iterator(source)
         while True:
-            anchor = source.getstate()
+            anchor = source_state(source)
             try:
                 item = next(pull)
             except StopIteration:
@@ -195,7 +196,7 @@ class SelectManyIterator(Stage[Any]):
         try:
             while True:
                 while not exhausted and len(pending) <= self._read_ahead:
-                    anchor = source.getstate()
+                    anchor = source_state(source)
                     try:
                         item = next(pull)
                     except StopIteration:
@@ -236,7 +237,7 @@ class SelectManyIterator(Stage[Any]):
                 f"the checkpoint is inside a collection ({skip} items consumed), "
                 "but the source is exhausted"
             )
-        self._anchor, self._consumed = self._source.getstate(), 0
+        self._anchor, self._consumed = source_state(self._source), 0
 
     def _note_reading_error(self, error: Exception, item: Any) -> None:
         """Name the item (the chunk) whose collection failed in a note on `error`."""

@@ -14,9 +14,18 @@ from ._base import (
     fast_iterator,
     require_callable,
     require_checkpointable,
+    source_state,
     state_before_last,
 )
-from ._rng import CountingRandom, Seed, adopt_seed, resolve_seed
+from ._rng import (
+    MARK_FIELDS,
+    CountingRandom,
+    Seed,
+    adopt_seed,
+    mark_fields,
+    read_mark,
+    resolve_seed,
+)
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -57,17 +66,15 @@ class MapIterator(Stage[U]):
         self._iterator = map(transform, fast_iterator(source_iterator))
 
     def _state(self) -> State:
-        return {"source": self._source.getstate()}
+        return {"source": source_state(self._source)}
 
     def _restore(self, state: State | None) -> None:
         self.restore_source(self._source, None if state is None else state["source"], "source")
         self._iterator = map(self._transform, fast_iterator(self._source))
 
-    def _state_after_lost_input(self, reason: str) -> State:
-        state = self._state_before_last()
-        if state is None:
-            raise RuntimeError(reason)
-        return state
+    def _fields_after_lost_input(self) -> State:
+        before = state_before_last(self._source)  # one in, one out
+        return super()._fields_after_lost_input() if before is None else {"source": before}
 
     def _state_before_last(self) -> State | None:
         before = state_before_last(self._source)  # one in, one out
@@ -81,16 +88,17 @@ class SamplingRandomMapIterator(Stage[U]):
     the transform may call any of its methods except ``seed``/``setstate``.
 
     Checkpoint:
-        ``{"source", "seed", "draws", "gauss_next"}``: the source's state and the
-        generator's position (32-bit words drawn). Constant size; a restore redraws
-        `draws` words at C speed. As with `MapIterator`, `getstate` raises RuntimeError
-        after an error in `transform` (its item is consumed): restore an earlier checkpoint.
+        ``{"source", "seed", "draws", "generator", "gauss_next"}``: the source's state and
+        the generator's position (see `infinibatch_like._rng`). Constant size; a restore
+        redraws at most 2**24 words at C speed. As with `MapIterator`, `getstate` raises
+        RuntimeError after an error in `transform` (its item is consumed, and the failed
+        call may have drawn from the generator): restore an earlier checkpoint.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
         "source": dict,
         "seed": (int, str),
-        "draws": int,
+        **MARK_FIELDS,
         "gauss_next": (float, type(None)),
     }
     _user_callables = ("transform",)
@@ -113,9 +121,9 @@ class SamplingRandomMapIterator(Stage[U]):
     def _state(self) -> State:
         rng = self._rng
         return {
-            "source": self._source.getstate(),
+            "source": source_state(self._source),
             "seed": self._seed,
-            "draws": rng.draws,
+            **mark_fields(rng.mark()),
             "gauss_next": rng.gauss_next,
         }
 
@@ -125,7 +133,6 @@ class SamplingRandomMapIterator(Stage[U]):
             self._rng = CountingRandom(self._seed)
         else:
             self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
-            if state["draws"] < 0:
-                raise self.mismatch(f"'draws' must be >= 0, got {state['draws']}")
-            self._rng = CountingRandom.at(self._seed, state["draws"], state["gauss_next"])
+            mark = read_mark(self, state["draws"], state["generator"])
+            self._rng = CountingRandom.from_mark(self._seed, mark, state["gauss_next"])
         self._iterator = map(partial(self._transform, self._rng), fast_iterator(self._source))

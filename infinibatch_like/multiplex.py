@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
-from ._base import CheckpointableIterator, Stage, State, fast_iterator, require_checkpointable
+from ._base import (
+    CheckpointableIterator,
+    Stage,
+    State,
+    fast_iterator,
+    require_checkpointable,
+    source_state,
+)
 
 
 class ZipIterator(Stage[tuple[Any, ...]]):
@@ -30,7 +37,7 @@ class ZipIterator(Stage[tuple[Any, ...]]):
         self._iterator = self._generate()
 
     def _state(self) -> State:
-        return {"sources": [source.getstate() for source in self._zipped]}
+        return {"sources": [source_state(source) for source in self._zipped]}
 
     def _restore(self, state: State | None) -> None:
         self.restore_sources(self._zipped, None if state is None else state["sources"], "sources")
@@ -78,8 +85,8 @@ class MultiplexIterator(Stage[Any]):
 
     def _state(self) -> State:
         return {
-            "control": self._control.getstate(),
-            "sources": [source.getstate() for source in self._choices],
+            "control": source_state(self._control),
+            "sources": [source_state(source) for source in self._choices],
         }
 
     def _restore(self, state: State | None) -> None:

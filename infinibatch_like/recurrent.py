@@ -13,6 +13,7 @@ from ._base import (
     fast_iterator,
     require_callable,
     require_checkpointable,
+    source_state,
     state_before_last,
 )
 
@@ -58,7 +59,7 @@ class RecurrentIterator(Stage[Any]):
 
     def _state(self) -> State:
         return {
-            "source": self._source.getstate(),
+            "source": source_state(self._source),
             "recurrent_state": copy.deepcopy(self._recurrent_state),
         }
 
@@ -69,11 +70,11 @@ class RecurrentIterator(Stage[Any]):
         )
         self._iterator = self._generate()
 
-    def _state_after_lost_input(self, reason: str) -> State:
+    def _fields_after_lost_input(self) -> State:
         before = state_before_last(self._source)
         if before is None:
-            raise RuntimeError(reason)
-        return {"stage": self._name, **self._state(), "source": before}
+            return super()._fields_after_lost_input()
+        return {**self._state(), "source": before}
 
     def _generate(self) -> Iterator[Any]:
         step = self._step

@@ -13,9 +13,18 @@ from ._base import (
     fast_iterator,
     require_checkpointable,
     require_int,
+    source_state,
 )
 from ._readahead import ReadAheadStage
-from ._rng import CountingRandom, Seed, adopt_seed, resolve_seed
+from ._rng import (
+    MARK_FIELDS,
+    CountingRandom,
+    Seed,
+    adopt_seed,
+    mark_fields,
+    read_mark,
+    resolve_seed,
+)
 
 T = TypeVar("T")
 
@@ -33,9 +42,10 @@ class BlockwiseShuffleIterator(ReadAheadStage[T]):
         seed: seed of the shuffles; None draws one (kept in checkpoints).
 
     Checkpoint:
-        ``{"source", "seed", "draws", "emitted"}``: the source's state at the start of the
-        current block, the generator's position before shuffling it and how many of its
-        items were yielded. No items; a restore re-reads the current block from the source.
+        ``{"source", "seed", "draws", "generator", "emitted", "fingerprint"}``: the source's
+        state at the start of the current block, the generator's position before shuffling
+        it and how many of its items were yielded, and `block_size`, which cannot change
+        at a restart. No items; a restore re-reads the current block from the source.
     """
 
     def __init__(
@@ -46,6 +56,13 @@ class BlockwiseShuffleIterator(ReadAheadStage[T]):
     ) -> None:
         self._block_size = require_int("BlockwiseShuffleIterator", "block_size", block_size, 1)
         self._init_read_ahead(source_iterator, seed)
+
+    def _arguments(self) -> State:
+        return {"block_size": self._block_size}
+
+    @property
+    def _most_outputs(self) -> int:
+        return self._block_size
 
     def _next_group(self, pull: Iterator[T], rng: CountingRandom) -> tuple[list[T], bool]:
         block = list(islice(pull, self._block_size))
@@ -63,17 +80,18 @@ class BufferedShuffleIterator(Stage[T]):
     drops them); otherwise the order is infinibatch's.
 
     Checkpoint:
-        ``{"source", "seed", "draws", "buffer", "empty"}``: the source's state, the
-        generator's position and the buffer itself: the items in the slots (a shallow copy:
-        do not modify yielded items in place while keeping the state; for JSON checkpoints
-        the items must be plain data) and the indices of the empty slots. The state grows
-        with `buffer_size`, not with the position; a restore re-reads nothing.
+        ``{"source", "seed", "draws", "generator", "buffer", "empty", "fingerprint"}``: the
+        source's state, the generator's position and the buffer itself: the items in the
+        slots (lists and dicts in them are copied; for JSON checkpoints the items must be
+        plain data) and the indices of the empty slots; and `buffer_size`, which cannot
+        change at a restart. The state grows with `buffer_size`, not with the position; a
+        restore re-reads nothing.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
         "source": dict,
         "seed": (int, str),
-        "draws": int,
+        **MARK_FIELDS,
         "buffer": list,
         "empty": list,
     }
@@ -91,6 +109,9 @@ class BufferedShuffleIterator(Stage[T]):
         self._sources = (source_iterator,)
         self._restore(None)
 
+    def _arguments(self) -> State:
+        return {"buffer_size": self._size}
+
     def _state(self) -> State:
         buffer = self._buffer
         empty = [index for index, item in enumerate(buffer) if item is _EMPTY]
@@ -98,9 +119,9 @@ class BufferedShuffleIterator(Stage[T]):
         for index in empty:
             items[index] = None
         return {
-            "source": self._source.getstate(),
+            "source": source_state(self._source),
             "seed": self._seed,
-            "draws": self._rng.draws,
+            **mark_fields(self._rng.mark()),
             "buffer": items,
             "empty": empty,
         }
@@ -113,17 +134,21 @@ class BufferedShuffleIterator(Stage[T]):
         else:
             self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
             buffer, empty = list(state["buffer"]), state["empty"]
-            if len(buffer) > self._size or state["draws"] < 0:
+            if len(buffer) > self._size:
                 raise self.mismatch(
-                    f"the checkpoint's buffer holds {len(buffer)} slots and 'draws' is "
-                    f"{state['draws']}; this stage has {self._size} slots"
+                    f"the checkpoint's buffer holds {len(buffer)} slots, this stage has "
+                    f"{self._size}"
                 )
-            for index in empty:
-                if not isinstance(index, int) or not 0 <= index < len(buffer):
-                    raise self.mismatch(f"empty-slot index {index!r} is out of range")
-                buffer[index] = _EMPTY
+            previous = -1
+            for index in empty:  # increasing indices of slots that hold None
+                if type(index) is not int or not previous < index < len(buffer):
+                    raise self.mismatch(f"'empty' must list slots in increasing order: {empty!r}")
+                if buffer[index] is not None:
+                    raise self.mismatch(f"slot {index} is listed as empty but holds an item")
+                buffer[index], previous = _EMPTY, index
+            mark = read_mark(self, state["draws"], state["generator"])
             self._buffer = buffer
-            self._rng = CountingRandom.at(self._seed, state["draws"])
+            self._rng = CountingRandom.from_mark(self._seed, mark)
         self._iterator = self._generate()
 
     def _generate(self) -> Iterator[T]:

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import Any, ClassVar, TypeVar
 
 from ._base import Stage, State, require_int, skip_items
-from ._rng import CountingRandom, Seed, adopt_seed, resolve_seed
+from ._fingerprint import items_fingerprint
+from ._rng import (
+    MARK_FIELDS,
+    CountingRandom,
+    Mark,
+    Seed,
+    adopt_seed,
+    mark_fields,
+    read_mark,
+    resolve_seed,
+)
 
 _INDEXED = (list, tuple, range)
 
@@ -23,9 +33,12 @@ class NativeCheckpointableIterator(Stage[T]):
             raises ValueError. Do not modify the collection while iterating.
 
     Checkpoint:
-        ``{"consumed": n}``, the number of items yielded. A restore of a list, tuple or
-        range jumps there directly; any other iterable is iterated again and n items are
-        skipped.
+        ``{"consumed": n, "fingerprint": {"iterable"}}``: the number of items yielded, and
+        a fingerprint of a list, tuple or range (its length and a hash of its items, see
+        `items_fingerprint`) or the type of another iterable: a state taken over other
+        items is refused. A restore of a list, tuple or range jumps to n directly; any
+        other iterable is iterated again and n items are skipped (n is checked against
+        ``len(iterable)`` first where the iterable has a length).
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"consumed": int}
@@ -41,6 +54,12 @@ class NativeCheckpointableIterator(Stage[T]):
         self._consumed = 0
         self._restore(None)
 
+    def _arguments(self) -> State:
+        if self._indexed:
+            return {"iterable": items_fingerprint(self._iterable)}  # type: ignore[arg-type]
+        kind = type(self._iterable)
+        return {"iterable": f"<{kind.__module__}.{kind.__qualname__}>"}
+
     def _state(self) -> State:
         if self._indexed:
             iterable: Sequence[Any] = self._iterable  # type: ignore[assignment]
@@ -51,13 +70,13 @@ class NativeCheckpointableIterator(Stage[T]):
         consumed = 0 if state is None else state["consumed"]
         if consumed < 0:
             raise self.mismatch(f"'consumed' must be >= 0, got {consumed}")
+        length = len(self._iterable) if isinstance(self._iterable, Sized) else -1
+        if 0 <= length < consumed:
+            raise self.mismatch(
+                f"the checkpoint skips {consumed} items, but the iterable has {length}"
+            )
         iterator = iter(self._iterable)
         if self._indexed:
-            length = len(self._iterable)  # type: ignore[arg-type]
-            if consumed > length:
-                raise self.mismatch(
-                    f"the checkpoint skips {consumed} items, but the iterable has {length}"
-                )
             iterator.__setstate__(consumed)  # type: ignore[attr-defined]
             self._iterator = iterator
         else:
@@ -123,15 +142,18 @@ class InfinitePermutationSourceIterator(Stage[T]):
         instance_rank: this rank (0 <= instance_rank < num_instances).
 
     Checkpoint:
-        ``{"seed", "position", "draws"}``: the next position in the concatenated stream and
-        the generator position before the current pass's shuffle. Constant size; a
-        restore draws `draws` words (C speed) and shuffles one copy of the list.
+        ``{"seed", "position", "draws", "generator", "fingerprint"}``: the next position in
+        the concatenated stream and the generator position before the current pass's
+        shuffle (see `infinibatch_like._rng`), and a fingerprint of `source_items`,
+        `shuffle`, `num_instances` and `instance_rank`, which cannot change at a restart
+        (a state taken with other values is refused). Constant size; a restore redraws at
+        most 2**24 words (C speed) and shuffles one copy of the list.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
         "seed": (int, str),
         "position": int,
-        "draws": int,
+        **MARK_FIELDS,
     }
 
     def __init__(
@@ -152,36 +174,45 @@ class InfinitePermutationSourceIterator(Stage[T]):
         self._seed, self._seed_drawn = resolve_seed("InfinitePermutationSourceIterator", seed)
         self._restore(None)
 
+    def _arguments(self) -> State:
+        return {
+            "source_items": items_fingerprint(self._items),
+            "shuffle": self._shuffle,
+            "num_instances": self._num_instances,
+            "instance_rank": self._instance_rank,
+        }
+
     def _state(self) -> State:
-        return {"seed": self._seed, "position": self._position, "draws": self._draws}
+        return {"seed": self._seed, "position": self._position, **mark_fields(self._mark)}
 
     def _restore(self, state: State | None) -> None:
         if state is None:
             position = self._instance_rank
-            draws = self._draws_before_pass(position // len(self._items))
+            mark = self._mark_before_pass(position // len(self._items))
         else:
             self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
-            position, draws = state["position"], state["draws"]
-            if position < 0 or draws < 0 or position % self._num_instances != self._instance_rank:
+            position = state["position"]
+            if position < 0 or position % self._num_instances != self._instance_rank:
                 raise self.mismatch(
-                    f"position {position} and draws {draws} do not fit rank "
-                    f"{self._instance_rank} of {self._num_instances}"
+                    f"position {position} does not fit rank {self._instance_rank} of "
+                    f"{self._num_instances}"
                 )
-        self._position, self._draws = position, draws
-        self._iterator = self._generate(position, draws)
+            mark = read_mark(self, state["draws"], state["generator"])
+        self._position, self._mark = position, mark
+        self._iterator = self._generate(position, mark)
 
-    def _draws_before_pass(self, index: int) -> int:
+    def _mark_before_pass(self, index: int) -> Mark:
         """The generator's position before the shuffle of pass `index` (ranks >= len)."""
         rng = CountingRandom(self._seed)
         order = list(range(len(self._items)))
         for _ in range(index if self._shuffle else 0):
             rng.shuffle(order)
-        return rng.draws
+        return rng.mark()
 
-    def _generate(self, position: int, draws: int) -> Iterator[T]:
+    def _generate(self, position: int, mark: Mark) -> Iterator[T]:
         items, stride = self._items, self._num_instances
         length = len(items)
-        rng = CountingRandom.at(self._seed, draws)
+        rng = CountingRandom.from_mark(self._seed, mark)
         pass_start = position - position % length
 
         def permutation() -> list[T]:
@@ -197,9 +228,9 @@ class InfinitePermutationSourceIterator(Stage[T]):
             position += stride
             while position - pass_start >= length:
                 pass_start += length
-                draws = rng.draws
+                mark = rng.mark()
                 current = permutation()
-            self._position, self._draws = position, draws
+            self._position, self._mark = position, mark
             yield item
 
 
@@ -207,12 +238,15 @@ class RandomIterator(Stage[float]):
     """Endless floats of ``random.Random(seed).random()``.
 
     Checkpoint:
-        ``{"seed", "count"}``; a restore draws 2 x count words at C speed.
+        ``{"seed", "count", "generator"}``: the floats drawn so far, and beyond 2**23 of
+        them the generator itself (see `infinibatch_like._rng`); a restore redraws at most
+        2**24 words at C speed.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
         "seed": (int, str),
         "count": int,
+        "generator": MARK_FIELDS["generator"],
     }
 
     def __init__(self, seed: Seed | None = 0) -> None:
@@ -220,17 +254,20 @@ class RandomIterator(Stage[float]):
         self._restore(None)
 
     def _state(self) -> State:
-        return {"seed": self._seed, "count": self._count}
+        return {"seed": self._seed, "count": self._count, "generator": self._generator()}
+
+    def _generator(self) -> str | None:
+        generator: str | None = mark_fields(self._rng.mark())["generator"]
+        return generator
 
     def _restore(self, state: State | None) -> None:
-        count = 0
+        mark: Mark = (0, None)
         if state is not None:
             self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
-            count = state["count"]
-            if count < 0:
-                raise self.mismatch(f"'count' must be >= 0, got {count}")
-        self._count = count
-        self._iterator = self._generate(CountingRandom.at(self._seed, 2 * count))
+            mark = read_mark(self, 2 * state["count"], state["generator"], "2 x 'count'")
+        self._count = mark[0] // 2
+        self._rng = CountingRandom.from_mark(self._seed, mark)
+        self._iterator = self._generate(self._rng)
 
     def _generate(self, rng: CountingRandom) -> Iterator[float]:
         draw = rng.random

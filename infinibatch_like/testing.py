@@ -6,14 +6,29 @@ the pipeline and every stage in it, the contract of ``docs/concepts.md``:
 - C1 ``getstate()`` does not advance the iterator and its result does not change later;
 - C2 a state taken after k items makes a fresh pipeline yield items k, k+1, ...;
 - C3 ``setstate(None)`` equals a fresh construction;
-- C4 ``getstate()`` right after ``setstate(s)`` equals s;
+- C4 ``getstate()`` right after ``setstate(s)`` equals s, also when the caller added keys
+  of its own to s, at the top level and inside nested stage states (they are ignored);
 - C5 the state has the same shape (keys and value types) at every step;
 - C6 states are plain data that survive ``json`` and ``torch.load(weights_only=True)``;
 - C7 exhaustion is sticky and a state taken at the end restores to "exhausted";
-- C8 ``close()`` is idempotent, ``next()`` raises after it, no thread or process outlives it;
+- C8 ``close()`` is idempotent, ``next()`` raises after it, no thread or process outlives it,
+  and ``getstate()`` after it (e.g. after a ``with`` block) either raises or returns the
+  true position, from which a fresh pipeline continues;
+- C9 states are snapshots: emptying the dict returned by ``getstate()``, or the dict given
+  to ``setstate()``, changes neither what the pipeline yields nor what it reports;
+- C10 with ``different=``, a factory of the same pipeline built with other stream-deciding
+  arguments (another item list, block size, ...), a state of one is refused by the other
+  with a ValueError naming a stage;
+- C11 damaged states (each count set to 10**18, 2**64 or -1, each number replaced by a str,
+  a float, a bool or None) are refused with a ValueError or TypeError naming a stage, or
+  restored, within `deadline` seconds for the restore and the next items: never a hang,
+  never another exception;
 
-and that a state of another pipeline is refused with a ValueError naming the stage, and
-that a pipeline pickled mid-stream continues where it was.
+and that a state of another pipeline is refused with a ValueError naming the stage; that
+restoring an inner stage directly (``inner.setstate(s)`` on the source of the outermost
+stage) never leaves the outer stage silently yielding a stream that does not match its
+``getstate()`` (it either follows, or raises); and that a pipeline pickled mid-stream
+continues where it was.
 """
 
 from __future__ import annotations
@@ -25,10 +40,10 @@ import json
 import multiprocessing
 import pickle
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
-from ._base import CheckpointableIterator, State
+from ._base import CheckpointableIterator, Stage, State
 
 Factory = Callable[[], CheckpointableIterator[Any]]
 
@@ -48,6 +63,10 @@ def assert_checkpointable(
     same: Callable[[Any, Any], bool] | None = None,
     check_pickle: bool = True,
     check_torch: bool = True,
+    different: Factory | None = None,
+    check_damage: bool = True,
+    deadline: float = 10.0,
+    user_data_keys: Collection[str] = ("recurrent_state", "buffer"),
 ) -> None:
     """Check the checkpoint contract on pipelines built by `factory`.
 
@@ -63,6 +82,12 @@ def assert_checkpointable(
         check_pickle: also pickle a pipeline mid-stream and continue from the copy.
         check_torch: also round-trip states through ``torch.save``/``torch.load(...,
             weights_only=True)`` when torch is installed.
+        different: builds the same pipeline with other stream-deciding arguments, whose
+            states must not fit the pipelines of `factory` (C10); None skips the check.
+        check_damage: restore damaged states (C11).
+        deadline: seconds that a restore of one damaged state and the next items may take.
+        user_data_keys: state keys whose values are the user's data (items held, recurrent
+            states), handed to user code as they are: C11 does not damage them.
 
     Raises:
         ContractViolation: naming the rule that failed, the position and the details.
@@ -110,9 +135,18 @@ def assert_checkpointable(
         remaining = len(reference) - position
         length = remaining if position in long_points else min(continuation, remaining)
         expected = reference[position : position + length]
-        for label, state in _variants(states[position], check_torch):
+        variants = _variants(states[position], check_torch)
+        if position in long_points:
+            extended = {**_with_caller_keys(states[position]), "epoch": 3, "iterations_in_epoch": 7}
+            variants.append(("caller-extended", extended))
+        for label, state in variants:
             fresh = factory()
-            fresh.setstate(state)
+            try:
+                fresh.setstate(state)
+            except ValueError as error:
+                raise ContractViolation(
+                    f"C4: the {label} state of item {position} was refused: {error}"
+                ) from error
             _require(
                 json.dumps(fresh.getstate(), sort_keys=True) == frozen[position],
                 "C4",
@@ -149,7 +183,15 @@ def assert_checkpointable(
         f"after setstate(None) the pipeline yields {_preview(got)}, expected {_preview(reference)}",
     )
 
+    middle = len(reference) // 2
     _check_foreign_state(factory)
+    _check_snapshots(factory, reference, middle, equal)
+    _check_closed_state(factory, reference, middle, equal)
+    _check_inner_restore(factory, reference, equal)
+    if different is not None:
+        _check_different(factory, different, middle)
+    if check_damage:
+        _check_damage(factory, states[middle], deadline, set(user_data_keys))
     if check_pickle:
         _check_pickle(factory, reference, equal)
     _check_close(pipeline, threads_before, children_before)
@@ -279,6 +321,266 @@ def _check_foreign_state(factory: Factory) -> None:
     pipeline.close()
 
 
+def _with_caller_keys(state: Any) -> Any:
+    """`state` with keys a caller might add: at the top (``epoch``) and in nested states."""
+    if isinstance(state, dict):
+        extended = {key: _with_caller_keys(value) for key, value in state.items()}
+        if "stage" in state:
+            extended["added_by_caller"] = {"note": [1, "x"]}
+        return extended
+    if isinstance(state, list):
+        return [_with_caller_keys(value) for value in state]
+    return state
+
+
+def _emptied(value: Any) -> None:
+    """Empty every dict and list in `value`, in place."""
+    if isinstance(value, (dict, list)):
+        for item in list(value.values() if isinstance(value, dict) else value):
+            _emptied(item)
+        value.clear()
+
+
+def _dumped(state: Any) -> str:
+    return json.dumps(state, sort_keys=True)
+
+
+def _check_snapshots(
+    factory: Factory, reference: Sequence[Any], middle: int, equal: Callable[[Any, Any], bool]
+) -> None:
+    pipeline = factory()
+    _take(pipeline, middle)
+    returned = pipeline.getstate()
+    kept = _dumped(returned)
+    _emptied(returned)
+    _require(
+        _dumped(pipeline.getstate()) == kept,
+        "C9",
+        f"emptying the dict returned by getstate() at item {middle} changed the pipeline's state",
+    )
+    given = json.loads(kept)
+    fresh = factory()
+    fresh.setstate(given)
+    _emptied(given)
+    _require(
+        _dumped(fresh.getstate()) == kept,
+        "C9",
+        f"emptying the dict given to setstate() (item {middle}) changed the pipeline's state",
+    )
+    for label, iterator in (("getstate()", pipeline), ("setstate()", fresh)):
+        _require_continuation(
+            iterator,
+            reference,
+            middle,
+            equal,
+            "C9",
+            f"after emptying the dict given to or returned by {label} at item {middle}, the "
+            "pipeline",
+        )
+        iterator.close()
+
+
+def _require_continuation(
+    iterator: CheckpointableIterator[Any],
+    reference: Sequence[Any],
+    start: int,
+    equal: Callable[[Any, Any], bool],
+    rule: str,
+    what: str,
+) -> None:
+    """Require `iterator` to yield ``reference[start:]``; else a violation of `rule`."""
+    got = _take(iterator, len(reference) - start)
+    _require(
+        _all_same(got, reference[start:], equal),
+        rule,
+        f"{what} yields {_preview(got)}, expected {_preview(reference[start:])}",
+    )
+
+
+def _check_closed_state(
+    factory: Factory, reference: Sequence[Any], middle: int, equal: Callable[[Any, Any], bool]
+) -> None:
+    with factory() as pipeline:
+        _take(pipeline, middle)
+    try:
+        state = pipeline.getstate()
+    except RuntimeError:
+        return  # raising is allowed; a wrong position is not
+    fresh = factory()
+    fresh.setstate(state)
+    _require_continuation(
+        fresh,
+        reference,
+        middle,
+        equal,
+        "C8",
+        f"a pipeline restored from the state returned by getstate() after closing at item {middle}",
+    )
+    fresh.close()
+
+
+def _inner_stage(pipeline: CheckpointableIterator[Any]) -> CheckpointableIterator[Any] | None:
+    if isinstance(pipeline, Stage):
+        for source in pipeline._sources:
+            if isinstance(source, CheckpointableIterator):
+                return source
+    return None
+
+
+def _check_inner_restore(
+    factory: Factory, reference: Sequence[Any], equal: Callable[[Any, Any], bool]
+) -> None:
+    pipeline = factory()
+    inner = _inner_stage(pipeline)
+    if inner is None or len(reference) < 4:
+        pipeline.close()
+        return
+    _take(pipeline, len(reference) // 4)
+    early = inner.getstate()
+    _take(pipeline, len(reference) // 4)
+    inner.setstate(early)
+    try:
+        state = pipeline.getstate()
+        got = _take(pipeline, 10)
+    except (RuntimeError, ValueError):
+        pipeline.close()
+        return  # a clear refusal to go on
+    fresh = factory()
+    fresh.setstate(state)
+    expected = _take(fresh, len(got))
+    fresh.close()
+    pipeline.close()
+    _require(
+        _all_same(got, expected, equal),
+        "inner restore",
+        f"after setstate() on the pipeline's source {type(inner).__name__}, the pipeline "
+        f"yields {_preview(got)} while its getstate() describes {_preview(expected)}; it "
+        "must follow its source or raise",
+    )
+
+
+def _check_different(factory: Factory, different: Factory, middle: int) -> None:
+    pipeline = factory()
+    _take(pipeline, middle)
+    state = pipeline.getstate()
+    pipeline.close()
+    other = different()
+    names = _stage_names(state) | {type(other).__name__}
+    try:
+        other.setstate(state)
+    except ValueError as error:
+        _require(
+            any(name in str(error) for name in names),
+            "C10",
+            f"the error for a state of a differently built pipeline names no stage: {error}",
+        )
+    else:
+        raise ContractViolation(
+            "C10: a pipeline built with other stream-deciding arguments accepted a state of "
+            f"the original one (item {middle})"
+        )
+    finally:
+        other.close()
+
+
+def _stage_names(state: Any) -> set[str]:
+    if isinstance(state, dict):
+        names = {state["stage"]} if isinstance(state.get("stage"), str) else set()
+        for value in state.values():
+            names |= _stage_names(value)
+        return names
+    if isinstance(state, list):
+        return set().union(*(_stage_names(value) for value in state))
+    return set()
+
+
+_HUGE_COUNTS = (10**18, 2**64, -1)
+_WRONG_TYPES: tuple[Any, ...] = ("7", 1.5, True, None)
+
+
+def _damaged(state: Any, user_data_keys: set[str]) -> Iterator[tuple[str, Any]]:
+    """(description, damaged copy of `state`) for each number in it and each damage."""
+    for path, value in _numbers(state, (), user_data_keys):
+        replacements = (*_HUGE_COUNTS, *_WRONG_TYPES) if type(value) is int else _WRONG_TYPES
+        for replacement in replacements:
+            if type(replacement) is type(value) and replacement == value:
+                continue
+            damaged = copy.deepcopy(state)
+            container = damaged
+            for key in path[:-1]:
+                container = container[key]
+            container[path[-1]] = replacement
+            where = "".join(f"[{key!r}]" for key in path)
+            yield f"state{where} = {replacement!r}", damaged
+
+
+def _numbers(
+    value: Any, path: tuple[Any, ...], user_data_keys: set[str]
+) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key not in user_data_keys:
+                yield from _numbers(item, (*path, key), user_data_keys)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _numbers(item, (*path, index), user_data_keys)
+    elif isinstance(value, (int, float)) and type(value) is not bool:
+        yield path, value
+
+
+def _check_damage(
+    factory: Factory, state: State, deadline: float, user_data_keys: set[str]
+) -> None:
+    names = _stage_names(state)
+    for description, damaged in _damaged(state, user_data_keys):
+        pipeline = factory()
+        names.add(type(pipeline).__name__)
+        finished, error = _within(deadline, _restore_and_take, pipeline, damaged)
+        _require(
+            finished,
+            "C11",
+            f"restoring a damaged state ({description}) and taking 3 items did not finish "
+            f"within {deadline} s",
+        )
+        pipeline.close()
+        if error is None:
+            continue
+        _require(
+            isinstance(error, (ValueError, TypeError)),
+            "C11",
+            f"a damaged state ({description}) raised {type(error).__name__}: {error}; expected "
+            "a ValueError (e.g. StateMismatchError) or TypeError naming the stage",
+        )
+        _require(
+            any(name in str(error) for name in names),
+            "C11",
+            f"the error for a damaged state ({description}) names no stage: {error}",
+        )
+
+
+def _restore_and_take(pipeline: CheckpointableIterator[Any], state: Any) -> None:
+    pipeline.setstate(state)
+    _take(pipeline, 3)
+
+
+def _within(
+    deadline: float, action: Callable[..., None], *args: Any
+) -> tuple[bool, BaseException | None]:
+    """Run ``action(*args)`` in a thread: (whether it finished in time, what it raised)."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            action(*args)
+        except BaseException as error:
+            raised.append(error)
+
+    worker = threading.Thread(target=run, name="assert_checkpointable.deadline", daemon=True)
+    worker.start()
+    worker.join(deadline)
+    return not worker.is_alive(), (raised[0] if raised else None)
+
+
 def _check_pickle(
     factory: Factory, reference: Sequence[Any], equal: Callable[[Any, Any], bool]
 ) -> None:
@@ -286,12 +588,8 @@ def _check_pickle(
     middle = len(reference) // 2
     _take(pipeline, middle)
     copied = pickle.loads(pickle.dumps(pipeline))
-    got = _take(copied, len(reference) - middle)
-    _require(
-        _all_same(got, reference[middle:], equal),
-        "pickle",
-        f"a pipeline pickled at item {middle} continues with {_preview(got)}, "
-        f"expected {_preview(reference[middle:])}",
+    _require_continuation(
+        copied, reference, middle, equal, "pickle", f"a pipeline pickled at item {middle}"
     )
     copied.close()
     pipeline.close()

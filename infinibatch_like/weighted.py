@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 from bisect import bisect_right
@@ -10,13 +11,30 @@ from fractions import Fraction
 from itertools import accumulate
 from typing import ClassVar, TypeVar
 
-from ._base import CheckpointableIterator, Stage, State, fast_iterator, require_checkpointable
-from ._rng import CountingRandom, Seed, adopt_seed, resolve_seed
+from ._base import (
+    CheckpointableIterator,
+    Stage,
+    State,
+    fast_iterator,
+    require_checkpointable,
+    source_state,
+)
+from ._rng import (
+    MARK_FIELDS,
+    CountingRandom,
+    Mark,
+    Seed,
+    adopt_seed,
+    mark_fields,
+    read_mark,
+    resolve_seed,
+)
 
 T = TypeVar("T")
 
 _NAME = "WeightedMultiplexIterator"
 _STOP_ON = ("all_exhausted", "first_exhausted")
+_log = logging.getLogger("infinibatch_like")
 
 
 def checked_weights(owner: str, weights: object, count: int) -> list[float]:
@@ -83,20 +101,29 @@ class WeightedMultiplexIterator(Stage[T]):
         ValueError: for no sources, a source that is not checkpointable, a bad `stop_on`,
             or bad weights (wrong count, not numbers, negative, NaN or infinite, all zero).
 
+    Changing the weights at a restart: a state restored into an iterator constructed
+    with other `weights` than the checkpointed run's constructor takes the new weights
+    from the restore point on (a curriculum's next phase), with a log message (logger
+    ``infinibatch_like``); if the constructor's weights are the same, the weights of the
+    checkpointed run (including `set_weights` changes) continue. `exact` and `stop_on`
+    decide the stream and cannot change at a restart.
+
     Checkpoint:
-        ``{"sources", "weights", "seed", "draws", "counts", "active", "ended"}``: the
-        sources' states, the current weights, the generator's position (32-bit words
-        drawn; 0 with ``exact=True``), the items taken from each source since the last
-        change, which sources have not ended, and whether the stream has ended. Constant
-        size besides the sources' states; a restore draws `draws` words at C speed and
-        re-reads nothing.
+        ``{"sources", "weights", "initial_weights", "seed", "draws", "generator",
+        "counts", "active", "ended", "fingerprint"}``: the sources' states, the current
+        and the constructor's weights, the generator's position (see
+        `infinibatch_like._rng`; 0 with ``exact=True``), the items taken from each source
+        since the last change, which sources have not ended, whether the stream has ended,
+        and `exact` and `stop_on`. Constant size besides the sources' states; a restore
+        redraws at most 2**24 words at C speed and re-reads nothing.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
         "sources": list,
         "weights": list,
+        "initial_weights": list,
         "seed": (int, str),
-        "draws": int,
+        **MARK_FIELDS,
         "counts": list,
         "active": list,
         "ended": bool,
@@ -125,6 +152,9 @@ class WeightedMultiplexIterator(Stage[T]):
         self._stop_first = stop_on == "first_exhausted"
         self._restore(None)
 
+    def _arguments(self) -> State:
+        return {"exact": self._exact, "stop_on": _STOP_ON[self._stop_first]}
+
     @property
     def weights(self) -> list[float]:
         """The current weights (a copy)."""
@@ -142,10 +172,11 @@ class WeightedMultiplexIterator(Stage[T]):
 
     def _state(self) -> State:
         return {
-            "sources": [source.getstate() for source in self._choices],
+            "sources": [source_state(source) for source in self._choices],
             "weights": list(self._weights),
+            "initial_weights": list(self._initial),
             "seed": self._seed,
-            "draws": self._rng.draws,
+            **mark_fields(self._rng.mark()),
             "counts": list(self._counts),
             "active": list(self._active),
             "ended": self._ended,
@@ -154,28 +185,41 @@ class WeightedMultiplexIterator(Stage[T]):
     def _restore(self, state: State | None) -> None:
         count = len(self._choices)
         self.restore_sources(self._choices, None if state is None else state["sources"], "sources")
+        mark: Mark = (0, None)
         if state is None:
             self._weights = list(self._initial)
-            draws, self._counts, self._active, self._ended = 0, [0] * count, [True] * count, False
+            self._counts, self._active, self._ended = [0] * count, [True] * count, False
         else:
             self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
             try:
-                self._weights = checked_weights("state", state["weights"], count)
+                weights = checked_weights("'weights'", state["weights"], count)
+                initial = checked_weights("'initial_weights'", state["initial_weights"], count)
             except ValueError as error:
                 raise self.mismatch(str(error)) from None
-            draws, counts, active = state["draws"], state["counts"], state["active"]
+            counts, active = state["counts"], state["active"]
             if not (
-                draws >= 0
-                and len(counts) == len(active) == count
+                len(counts) == len(active) == count
                 and all(type(value) is int and value >= 0 for value in counts)
-                and all(isinstance(value, bool) for value in active)
+                and all(type(value) is bool for value in active)
             ):
                 raise self.mismatch(
-                    f"expected 'draws' >= 0 and {count} 'counts' (ints >= 0) and 'active' "
-                    f"(bools), got {draws!r}, {counts!r}, {active!r}"
+                    f"expected {count} 'counts' (ints >= 0) and 'active' (bools), got "
+                    f"{counts!r}, {active!r}"
                 )
+            mark = read_mark(self, state["draws"], state["generator"])
             self._counts, self._active, self._ended = list(counts), list(active), state["ended"]
-        self._rng = CountingRandom.at(self._seed, draws)
+            self._weights = weights
+            if initial != self._initial:
+                _log.info(
+                    "%s: the checkpoint's run was constructed with weights %s, this one with "
+                    "%s: mixing by %s from the restore point on",
+                    _NAME,
+                    initial,
+                    self._initial,
+                    self._initial,
+                )
+                self._weights, self._counts = list(self._initial), [0] * count
+        self._rng = CountingRandom.from_mark(self._seed, mark)
         self._plan()
         self._iterator = self._generate()
 

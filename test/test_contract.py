@@ -169,6 +169,68 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
 }
 
 
+# Case id -> the same pipeline built with other stream-deciding arguments (contract C10):
+# its states must be refused by the case's pipeline and the other way round.
+DIFFERENT: dict[str, Callable[[], CheckpointableIterator[Any]]] = {
+    "NativeCheckpointableIterator-0": lambda: native(24),
+    "NativeCheckpointableIterator-2": lambda: it.NativeCheckpointableIterator(range(5, 40, 4)),
+    "ChunkedSourceIterator-0": lambda: it.ChunkedSourceIterator(
+        list(range(29)), num_instances=3, instance_rank=2
+    ),
+    "InfinitePermutationSourceIterator-0": lambda: it.InfinitePermutationSourceIterator(
+        list(range(7))[::-1], seed=3
+    ),
+    "InfinitePermutationSourceIterator-1": lambda: it.InfinitePermutationSourceIterator(
+        list(range(5)), seed=1, num_instances=6, instance_rank=2
+    ),
+    "InfinitePermutationSourceIterator-3": lambda: it.InfinitePermutationSourceIterator(
+        list(range(4)), shuffle=True, num_instances=2, instance_rank=1
+    ),
+    "RandomIterator-0": lambda: it.RandomIterator(seed=6),
+    "SelectManyIterator-0": lambda: it.SelectManyIterator(
+        it.NativeCheckpointableIterator(list(range(1, 9))), read_chunk
+    ),
+    "MapIterator-0": lambda: it.MapIterator(native(22), add_one),
+    "SamplingRandomMapIterator-0": lambda: it.SamplingRandomMapIterator(native(), jitter, 8),
+    "RecurrentIterator-0": lambda: it.RecurrentIterator(native(22), running_sum, 0),
+    "ZipIterator-0": lambda: it.ZipIterator(native(30), native(18), it.RandomIterator(1)),
+    "WeightedMultiplexIterator-0": lambda: it.WeightedMultiplexIterator(
+        [native(20), native(9), native(30)], [1, 2.5, 0.5], 3, exact=True
+    ),
+    "WeightedMultiplexIterator-2": lambda: it.WeightedMultiplexIterator(
+        [native(15), native(6)], [1, 1], 5
+    ),
+    "EqualLengthIterator-1": lambda: EqualLengthIterator(native(17)),
+    "WindowedIterator-0": lambda: it.WindowedIterator(native(150), 4),
+    "FixedBatchIterator-0": lambda: it.FixedBatchIterator(native(), 5),
+    "BlockwiseShuffleIterator-0": lambda: it.BlockwiseShuffleIterator(native(), 6, 3),
+    "BufferedShuffleIterator-0": lambda: it.BufferedShuffleIterator(native(), 7, 11),
+    "BucketedReadaheadBatchIterator-0": lambda: it.BucketedReadaheadBatchIterator(
+        it.SelectManyIterator(it.NativeCheckpointableIterator(list(range(9))), read_chunk),
+        read_ahead=7, key=length_of, batch_size=3, seed=1,
+    ),
+    "PrefetchIterator-0": lambda: it.PrefetchIterator(native(22), 4, snapshot_every=7),
+    "ParallelMapIterator-0": lambda: it.ParallelMapIterator(
+        native(31), add_one, 2, 3, snapshot_every=4
+    ),
+    "chunked_dataset_iterator-0": lambda: chunked_dataset_iterator(
+        list(range(9))[::-1], read_chunk, buffer_size=5, seed=2
+    ),
+    "chunked_dataset_iterator-2": lambda: chunked_dataset_iterator(
+        list(range(9)), read_chunk, buffer_size=4, train=False, shuffle=False, num_instances=3,
+        instance_rank=1,
+    ),
+}
+
+# Case id -> why the case fails today (strict: remove the entry when it passes).
+KNOWN_FAILURES = {
+    "chunked_dataset_iterator-3": (
+        "C11: a PrefetchIterator state with 'replay' = 10**18 over an endless source skips "
+        "for ever; the rebuilt background stages (branch bg) bound 'replay'"
+    ),
+}
+
+
 def public_iterator_names() -> set[str]:
     names = set()
     for name, value in vars(it).items():
@@ -188,10 +250,28 @@ def test_every_public_iterator_has_a_case() -> None:
     assert not missing, f"public iterators without a contract case: {sorted(missing)}"
 
 
-@pytest.mark.parametrize(
-    "factory",
-    [pytest.param(factory, id=f"{name}-{index}") for name, factories in CASES.items()
-     for index, factory in enumerate(factories)],
-)
-def test_contract(factory: Callable[[], CheckpointableIterator[Any]]) -> None:
-    assert_checkpointable(factory, max_items=80)
+def contract_cases() -> list[Any]:
+    cases = []
+    for name, factories in CASES.items():
+        for index, factory in enumerate(factories):
+            case = f"{name}-{index}"
+            known = KNOWN_FAILURES.get(case)
+            marks = [pytest.mark.xfail(reason=known, strict=True)] if known else []
+            cases.append(pytest.param(factory, DIFFERENT.get(case), id=case, marks=marks))
+    return cases
+
+
+def test_every_different_factory_belongs_to_a_case() -> None:
+    ids = {f"{name}-{index}" for name, cases in CASES.items() for index in range(len(cases))}
+    assert set(DIFFERENT) | set(KNOWN_FAILURES) <= ids
+
+
+@pytest.mark.parametrize(("factory", "different"), contract_cases())
+def test_contract(
+    factory: Callable[[], CheckpointableIterator[Any]],
+    different: Callable[[], CheckpointableIterator[Any]] | None,
+) -> None:
+    assert_checkpointable(factory, max_items=80, different=different)
+    if different is not None:  # and the other way round
+        assert_checkpointable(different, max_items=20, different=factory, check_damage=False,
+                              check_pickle=False, check_torch=False)

@@ -91,7 +91,8 @@ def test_restore_state_rejects_foreign_and_corrupt_checkpoints(no_rank_env: None
     gathered = gather_state(pipeline)
     with pytest.raises(
         ValueError,
-        match=r"gather_state \(with 'format'.*\), got one with keys \['consumed', 'stage'\]",
+        match=r"gather_state \(with 'format'.*\), got one with keys "
+        r"\['consumed', 'fingerprint', 'stage'\]",
     ):
         restore_state(pipeline, pipeline.getstate())
     with pytest.raises(ValueError, match="expected a dict made by gather_state, got list"):

@@ -325,6 +325,17 @@ def test_a_pickled_dataset_carries_its_loaded_state_but_no_pipeline() -> None:
     assert list(islice(iter(pickle.loads(pickle.dumps(copy))), 3)) == expected
 
 
+def test_keys_added_to_a_dataset_state_by_the_caller_are_ignored() -> None:
+    dataset = CheckpointableDataset(training_pipeline)
+    batches = iter(dataset)
+    next(batches)
+    state = {**dataset.state_dict(), "epoch": 2, "iterations_in_epoch": 1}
+    expected = list(islice(batches, 3))
+    resumed = CheckpointableDataset(training_pipeline)
+    resumed.load_state_dict(state)
+    assert list(islice(iter(resumed), 3)) == expected
+
+
 @pytest.mark.parametrize(
     ("state", "message"),
     [

@@ -231,9 +231,10 @@ def _checked(state: object) -> State:
         raise _mismatch(f"expected a dict, got {type(state).__name__}")
     if state.get("kind") != _KIND:
         raise _mismatch(f"expected a state of {_KIND}, got one of kind {state.get('kind')!r}")
-    if set(state) != _STATE_KEYS:
-        missing, extra = sorted(_STATE_KEYS - set(state)), sorted(set(state) - _STATE_KEYS)
-        raise _mismatch(f"state keys differ: missing {missing}, unexpected {extra}")
+    missing = sorted(_STATE_KEYS - set(state))
+    if missing:
+        raise _mismatch(f"the state is missing {missing}")
+    state = {key: state[key] for key in _STATE_KEYS}  # keys that the caller added are ignored
     for key in ("instance_rank", "num_instances"):
         if isinstance(state[key], bool) or not isinstance(state[key], int):
             raise _mismatch(f"state field {key!r} must be an int, got {state[key]!r}")
