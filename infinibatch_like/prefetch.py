@@ -40,6 +40,7 @@ class _PrefetchRunner(Runner):
         self.mode, self.start_method, self.warn_empty = mode, start_method, warn_empty
         self.buffer_in_main_process = buffer_in_main_process
         self.channel: Channel | None = None
+        self.sources_in_worker_process = mode == "process"
 
     def start(self) -> None:
         if self.channel is not None:

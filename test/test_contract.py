@@ -152,6 +152,7 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
     ],
     "ParallelMapIterator": [
         lambda: it.ParallelMapIterator(native(30), add_one, 2, 3, snapshot_every=4),
+        lambda: it.ParallelMapIterator(native(30), add_one, 3, 2, snapshot_every=5, mode="thread"),
         lambda: it.ParallelMapIterator(
             it.PrefetchIterator(native(20), 6, snapshot_every=5), add_one, 2, 2,
             snapshot_every=3,

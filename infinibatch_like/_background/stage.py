@@ -22,6 +22,9 @@ class Runner(ABC):
         self.snapshot_every = snapshot_every
         self.cursor = ReplayCursor({}, 0)
 
+    sources_in_worker_process = False
+    """Whether the source is read in a worker process (with its own copy of the source)."""
+
     @abstractmethod
     def start(self) -> None:
         """Start the workers from the cursor's position (no-op if they run)."""
@@ -91,3 +94,21 @@ class BackgroundStage(Stage[T], Generic[T]):
         if not self._closed:
             self._runner.stop()
         super().close()
+
+
+def start_background(pipeline: CheckpointableIterator[Any]) -> None:
+    """Start the workers of every background stage of `pipeline` now, rather than at the
+    first ``next()``: e.g. right after ``setstate()``, before loading the model, so that
+    the workers' start-up and the replay of the checkpoint overlap with it.
+
+    Stages inside a worker process (the source of a process `PrefetchIterator`) start
+    with that worker. Stages that are not background stages are left as they are.
+    """
+    if isinstance(pipeline, Stage) and not (
+        isinstance(pipeline, BackgroundStage) and pipeline._runner.sources_in_worker_process
+    ):
+        for source in pipeline._sources:
+            if isinstance(source, CheckpointableIterator):
+                start_background(source)
+    if isinstance(pipeline, BackgroundStage):
+        pipeline.start()
