@@ -151,22 +151,25 @@ class _MapRunner(Runner):
 
 class ParallelMapIterator(BackgroundStage[Any]):
     """Yields ``transform(item)`` for each item of the source, like `MapIterator`, with the
-    transform running in `num_processes` worker processes.
+    transform running in `num_processes` worker processes (or threads).
 
     The consumer's process reads the source and sends tasks of up to
     `num_items_per_process` items to the workers, keeping up to `tasks_in_flight` tasks
     in flight; results come back in order and stream out as soon as the oldest task is done
     (no waiting for a whole round). The output, errors included, is exactly
-    `MapIterator`'s. The pool starts at the first ``next()`` and stops at ``close()``, on
-    garbage collection, at interpreter exit and when the source ends. It works nested
-    inside a process `PrefetchIterator` (the pool then lives in the prefetcher's worker)
-    and around one.
+    `MapIterator`'s: the items before a failing one are all delivered. The pool starts at
+    the first ``next()`` (or at `start`) and stops at ``close()``, on garbage collection,
+    at interpreter exit and when the source ends. It works nested inside a process
+    `PrefetchIterator` (the pool then lives in the prefetcher's worker), around one, and
+    inside DataLoader worker processes (whose death stops it).
 
     Args:
         source_iterator: the source; it is reset.
-        transform: the function to apply; under the ``"spawn"`` and ``"forkserver"`` start
-            methods it must pickle (a module-level function or ``functools.partial``).
-        num_processes: worker processes (>= 1).
+        transform: the function to apply. Under the ``"spawn"`` and ``"forkserver"`` start
+            methods it is sent to the workers with pickle, or with cloudpickle (``pip
+            install infinibatch_like[parallel]``) for lambdas and local functions; what
+            cannot be sent (an open file, a lock) raises ``pickle.PicklingError`` naming it.
+        num_processes: worker processes, or threads with ``mode="thread"`` (>= 1).
         num_items_per_process: items per task (>= 1): larger tasks cost less overhead,
             smaller ones give the first result sooner.
         tasks_in_flight: how many tasks the workers may have queued, in progress or done
@@ -177,18 +180,25 @@ class ParallelMapIterator(BackgroundStage[Any]):
         start_method: multiprocessing start method of the workers (None: the default).
         snapshot_every: the source's state is recorded every `snapshot_every` items while
             dispatching (>= 1); this bounds what a restore replays.
+        mode: ``"process"`` (worker processes: CPU-bound Python transforms run in
+            parallel; items and results are pickled) or ``"thread"`` (worker threads of
+            this process: for transforms that release the GIL, such as decompression,
+            image decoding, numpy or remote reads; nothing is pickled).
 
     Raises:
-        Exception: whatever the transform raises, in the consumer at the item that raised
-            it, with the worker's traceback as ``__cause__`` and a note naming the stage.
-        WorkerError: (a RuntimeError) if a worker process dies.
+        ValueError: for an argument out of range, an unknown mode or start method.
+        Exception: whatever the source or the transform raises, in the consumer at the
+            item that raised it, with the worker's traceback as ``__cause__`` and a note
+            naming the stage; ``getstate()`` then points at that item.
+        WorkerError: (a RuntimeError) if a worker process dies, within a second or so.
 
     Checkpoint:
         ``{"source", "replay"}``: the source's state recorded at or before the consumer's
-        position and the number of items consumed since (< `snapshot_every`, except right
-        after a restore). Size: one source state plus an int. A restore sets the source to
-        that state and skips `replay` source items without transforming them: at most
-        `snapshot_every` re-read items. Results in flight are computed again.
+        position and the number of items consumed since (at most `snapshot_every`, also
+        after restores; a state with more is refused). Size: one source state plus an int.
+        A restore sets the source to that state and skips `replay` source items without
+        transforming them: at most `snapshot_every` re-read items. Results in flight are
+        computed again.
     """
 
     def __init__(

@@ -89,10 +89,12 @@ class PrefetchIterator(BackgroundStage[Any]):
 
     The worker (a process by default, or a thread) iterates the source and keeps up to
     `buffer_size` items ready in a bounded queue, so that reading and decoding overlap
-    with the consumer's work. The output is exactly the source's. The worker starts at
-    the first ``next()`` and stops at ``close()``, when the iterator is garbage-collected,
-    at interpreter exit, or when the source ends. Unlike infinibatch, prefetching is never
-    silently skipped: it works under every start method or raises a clear error.
+    with the consumer's work. The output is exactly the source's, up to and including an
+    error of the source (the items before it are all delivered). The worker starts at
+    the first ``next()`` (or at `start`) and stops at ``close()``, when the iterator is
+    garbage-collected, at interpreter exit, when the source ends, or when the consumer's
+    process dies (also inside a DataLoader worker). Unlike infinibatch, prefetching is
+    never silently skipped: it works under every start method or raises a clear error.
 
     Args:
         source_iterator: the source; it is reset.
@@ -109,8 +111,10 @@ class PrefetchIterator(BackgroundStage[Any]):
             unpicklable items; shares the GIL).
         start_method: the multiprocessing start method of the worker process (``"fork"``,
             ``"forkserver"``, ``"spawn"``; None is the platform's default). Except under
-            ``"fork"`` the source pipeline is pickled to the worker; a pipeline that cannot
-            be pickled raises ``pickle.PicklingError`` naming the stage and callable.
+            ``"fork"`` the source pipeline is pickled to the worker, with cloudpickle
+            (``pip install infinibatch_like[parallel]``) where it holds lambdas or local
+            functions; what cannot be sent (an open file, a lock) raises
+            ``pickle.PicklingError`` naming the stage and the object.
         snapshot_every: the worker sends the source's state every `snapshot_every` items
             (>= 1); this bounds what a restore replays.
 
@@ -118,14 +122,16 @@ class PrefetchIterator(BackgroundStage[Any]):
         ValueError: for ``buffer_size <= 0``, an unknown mode or start method.
         Exception: whatever the source raises, re-raised in the consumer at the position
             where it happened, with the worker's traceback as ``__cause__`` and a note
-            naming the stage.
-        WorkerError: (a RuntimeError) if the worker process dies.
+            naming the stage; ``getstate()`` then points at the failing item.
+        WorkerError: (a RuntimeError) if the worker process dies, within a second or so,
+            whatever it was doing.
 
     Checkpoint:
         ``{"source", "replay"}``: the source's state at the last snapshot at or before the
         consumer's position (taken by the worker every `snapshot_every` items) and the
-        number of items consumed since (at most `snapshot_every`, except right after a
-        restore). Size: one source state plus an int. A restore sets the source to the snapshot and
+        number of items consumed since (at most `snapshot_every`, also after restores: the
+        worker takes a snapshot right after replaying; a state with more is refused).
+        Size: one source state plus an int. A restore sets the source to the snapshot and
         skips `replay` items in the new worker: it re-reads at most `snapshot_every` items
         (plus whatever the source's own restore re-reads). Items in the buffer are not part
         of the state and are produced again after a restore.

@@ -117,7 +117,7 @@ def test_parallel_map_delivers_every_item_before_an_error_and_resumes_at_it(
             drain(pipeline, got)
         assert got == list(range(23))
         state = json.loads(json.dumps(pipeline.getstate()))
-    with mapper(it.MapIterator(native(60), same), same, "thread", None) as healed:
+    with mapper(it.MapIterator(native(60), same), same, "process", None) as healed:
         healed.setstate(state)
         assert list(healed) == list(range(23, 60))
     assert not children()

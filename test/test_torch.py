@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import multiprocessing
 import pickle
 import subprocess
 import sys
@@ -518,11 +519,16 @@ def _same(item: Any) -> Any:
 def in_the_background(
     kind: str, build: Any, instance_rank: int, num_instances: int
 ) -> CheckpointableIterator[Any]:
-    """`build`'s pipeline behind a parallel map or a process prefetcher (same items)."""
+    """`build`'s pipeline behind a parallel map or a process prefetcher (same items).
+
+    Their workers are forked (where possible) even inside spawned DataLoader workers, whose
+    default start method is spawn: a spawned worker imports torch again (seconds each).
+    """
     pipeline = build(instance_rank, num_instances)
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
     if kind == "parallel map":
-        return ParallelMapIterator(pipeline, _same, 2, 2, snapshot_every=3)
-    return PrefetchIterator(pipeline, 4, snapshot_every=3)
+        return ParallelMapIterator(pipeline, _same, 2, 2, snapshot_every=3, start_method=method)
+    return PrefetchIterator(pipeline, 4, snapshot_every=3, start_method=method)
 
 
 BACKGROUND_KINDS = ["parallel map", "prefetch"]

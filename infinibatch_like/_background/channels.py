@@ -118,6 +118,7 @@ class ThreadChannel(Channel):
         warn_empty: bool,
         where: str | None,
         upstream: ProcessChannel | None = None,
+        pipeline: object = None,
     ) -> None:
         super().__init__()
         self._queue: queue.Queue[Message] = queue.Queue(slots)
@@ -125,13 +126,13 @@ class ThreadChannel(Channel):
         self._name, self._warn_empty, self._upstream = name, warn_empty, upstream
         self._thread = threading.Thread(
             target=self._run,
-            args=(messages, where),
+            args=(messages, where, pipeline),
             name=f"infinibatch_like.{name}.worker",
             daemon=True,
         )
         self._thread.start()
 
-    def _run(self, messages: Iterator[Message], where: str | None) -> None:
+    def _run(self, messages: Iterator[Message], where: str | None, pipeline: object) -> None:
         put, stop = self._queue.put, self._stop
         try:
             for message in messages:
@@ -140,7 +141,7 @@ class ThreadChannel(Channel):
                     return
         except BaseException as error:
             if not stop.is_set():
-                put(Failure(local_error(error, where)))
+                put(Failure(local_error(error, where, pipeline)))
         finally:
             messages.close()  # type: ignore[attr-defined]
 
@@ -188,7 +189,8 @@ def thread_channel(production: Production, slots: int, warn_empty: bool) -> Thre
     """`produce` in a worker thread."""
     name = production.owner
     where = f"in the worker thread of {name} (reading {chain_names(production.source)})"
-    return ThreadChannel(produce(production), slots, name, warn_empty, where)
+    source = production.source
+    return ThreadChannel(produce(production), slots, name, warn_empty, where, None, source)
 
 
 def _relay(channel: ProcessChannel) -> Iterator[Message]:
@@ -256,7 +258,7 @@ def _producer_main(
         for message in produce(production._replace(source=holder[0])):
             outbox.put(message)
     except BaseException as error:
-        outbox.put(Failure(report_error(error, where)))
+        outbox.put(Failure(report_error(error, where, holder[0])))
     finally:
         outbox.close()
         close_pipeline()

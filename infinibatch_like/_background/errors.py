@@ -58,11 +58,12 @@ def chain_names(source: object) -> str:
         current = upstream[0]
 
 
-def raising_stage(error: BaseException) -> str | None:
-    """The name of the stage that raised `error`, if it can be told (for the note).
+def raising_stage(pipeline: object, error: BaseException) -> str | None:
+    """The name of the stage of `pipeline` (what the worker iterates) that raised `error`,
+    if it can be told: the innermost stage whose method or generator is in the traceback.
 
-    The innermost stage whose method or generator is in the traceback. This is the one
-    place that names the raising stage; a better matcher can replace it here.
+    The one place that names the raising stage for the notes of worker errors; a matcher
+    that uses `pipeline` (its stages' callables) can replace it here.
     """
     found = None
     trace: TracebackType | None = error.__traceback__
@@ -74,13 +75,14 @@ def raising_stage(error: BaseException) -> str | None:
     return found
 
 
-def _where(error: BaseException, where: str) -> str:
-    stage = raising_stage(error)
+def _where(error: BaseException, where: str, pipeline: object) -> str:
+    stage = None if pipeline is None else raising_stage(pipeline, error)
     return where if stage is None else f"{where}; raised in {stage}"
 
 
-def report_error(error: BaseException, where: str) -> ErrorReport:
-    """Describe `error`, raised in a worker process, for `rebuild_error` in the consumer."""
+def report_error(error: BaseException, where: str, pipeline: object = None) -> ErrorReport:
+    """Describe `error`, raised in a worker process while iterating `pipeline` (None: while
+    applying a transform), for `rebuild_error` in the consumer."""
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     pickled: bytes | None = None
     try:
@@ -89,7 +91,9 @@ def report_error(error: BaseException, where: str) -> ErrorReport:
         pickled = candidate
     except Exception:
         pass
-    return ErrorReport(_where(error, where), type(error).__qualname__, str(error), text, pickled)
+    return ErrorReport(
+        _where(error, where, pipeline), type(error).__qualname__, str(error), text, pickled
+    )
 
 
 def _add_note(error: BaseException, note: str) -> None:
@@ -116,11 +120,12 @@ def rebuild_error(report: ErrorReport) -> BaseException:
     return error
 
 
-def local_error(error: BaseException, where: str | None) -> BaseException:
-    """`error`, raised in a worker thread of this process, with a note naming `where`
-    (None: passed on unchanged, it was described where it started)."""
+def local_error(error: BaseException, where: str | None, pipeline: object = None) -> BaseException:
+    """`error`, raised in a worker thread of this process while iterating `pipeline` (None:
+    applying a transform), with a note naming `where` (None: passed on unchanged, it was
+    described where it started)."""
     if where is not None:
-        _add_note(error, f"(raised {_where(error, where)})")
+        _add_note(error, f"(raised {_where(error, where, pipeline)})")
     return error
 
 
