@@ -87,9 +87,7 @@ class _MapRunner(Runner):
         self.done: dict[int, Result] = {}
         self.number = 0
 
-    def start(self) -> None:
-        if self.dispatcher is not None:
-            return
+    def _start(self) -> None:
         self.in_flight.clear()
         self.done.clear()
         self.dispatcher = _Dispatcher(self.source, self.cursor, self.snapshot_every)

@@ -42,9 +42,7 @@ class _PrefetchRunner(Runner):
         self.channel: Channel | None = None
         self.sources_in_worker_process = mode == "process"
 
-    def start(self) -> None:
-        if self.channel is not None:
-            return
+    def _start(self) -> None:
         production = Production(
             self.source,
             self.cursor.consumed,

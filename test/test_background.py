@@ -479,3 +479,17 @@ def test_start_background_starts_every_background_stage_of_a_pipeline() -> None:
         assert [t for t in threading.enumerate() if t.name.endswith("PrefetchIterator.worker")]
         assert list(pipeline) == list(range(30))
     assert not children()
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_start_after_the_end_or_an_error_starts_nothing(mode: str) -> None:
+    ended = it.PrefetchIterator(native(5), 2, mode=mode)
+    failed = it.ParallelMapIterator(native(9), functools.partial(fail_at, 3), 2, 1, mode=mode)
+    with ended, failed:
+        assert list(ended) == list(range(5))
+        with pytest.raises(ValueError, match="bad item 3"):
+            drain(failed, [])
+        for stage in (ended, failed):
+            stage.start()
+            assert not children()
+            assert not [t for t in threading.enumerate() if t.name.startswith("infinibatch_like")]

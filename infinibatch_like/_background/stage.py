@@ -21,13 +21,26 @@ class Runner(ABC):
         self.source = source
         self.snapshot_every = snapshot_every
         self.cursor = ReplayCursor({}, 0)
+        self._startable = False
 
     sources_in_worker_process = False
     """Whether the source is read in a worker process (with its own copy of the source)."""
 
-    @abstractmethod
+    def reset(self, cursor: ReplayCursor) -> None:
+        """Continue from `cursor` (the workers are stopped)."""
+        self.cursor = cursor
+        self._startable = True
+
     def start(self) -> None:
-        """Start the workers from the cursor's position (no-op if they run)."""
+        """Start the workers from the cursor's position, once after each `reset` (later,
+        e.g. once the source ended or failed, this does nothing)."""
+        if self._startable:
+            self._startable = False
+            self._start()
+
+    @abstractmethod
+    def _start(self) -> None:
+        """Start the workers from the cursor's position."""
 
     @abstractmethod
     def stop(self) -> None:
@@ -69,7 +82,7 @@ class BackgroundStage(Stage[T], Generic[T]):
         runner.stop()
         self.restore_source(self._source, None if state is None else state["source"], "source")
         if state is None:
-            runner.cursor = ReplayCursor(self._source.getstate(), 0)
+            runner.reset(ReplayCursor(self._source.getstate(), 0))
         else:
             replay, every = state["replay"], runner.snapshot_every
             if not 0 <= replay <= every:
@@ -78,7 +91,7 @@ class BackgroundStage(Stage[T], Generic[T]):
                     f"{replay}; if the state came from a stage built with a larger "
                     "snapshot_every, build this one with it too"
                 )
-            runner.cursor = ReplayCursor(state["source"], replay)
+            runner.reset(ReplayCursor(state["source"], replay))
         self._iterator = runner.generate()
 
     def start(self) -> None:
