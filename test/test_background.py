@@ -272,8 +272,10 @@ def test_consumer_exits_promptly_on_sigterm_after_a_worker_was_killed(
     assert child.stdout is not None
     pids = [int(pid) for pid in child.stdout.readline().split()]
     assert len(pids) == 2, child.stderr.read() if child.stderr else ""
-    os.kill(pids[0], signal.SIGKILL)
-    time.sleep(0.3)
+    rng = random.Random(method)
+    time.sleep(rng.uniform(0.0, 0.2))  # at a random moment of the stream of 1 MB results
+    os.kill(rng.choice(pids), signal.SIGKILL)
+    time.sleep(rng.uniform(0.0, 0.5))
     os.kill(child.pid, signal.SIGTERM)
     started = time.monotonic()
     child.wait(timeout=30)

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from .._base import fast_iterator
 from . import wire
 from .cursor import replay
-from .errors import as_exception, chain_names, died, local_error, report_error
+from .errors import WorkerError, as_exception, chain_names, died, local_error, report_error
 from .lifecycle import (
     LAST_WORDS_S,
     POLL_S,
@@ -161,7 +161,7 @@ class ThreadChannel(Channel):
                     try:
                         return _opened(get(False))  # type: ignore[return-value]
                     except queue.Empty:
-                        raise RuntimeError(
+                        raise WorkerError(
                             f"{self._name}: its worker thread stopped without a result"
                         ) from None
 
@@ -303,7 +303,10 @@ class ProcessChannel(Channel):
         return self._process.exitcode is None
 
     def receive(self) -> Batch | End:
-        frame = self._reader.read(0)
+        try:
+            frame = self._reader.read(0)
+        except EOFError:  # the worker is gone: said below
+            frame = None
         if frame is None:
             if self._warn_empty:
                 logger.warning(

@@ -14,17 +14,17 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from . import wire
-from .errors import ErrorReport, died, local_error, report_error
+from .errors import ErrorReport, WorkerError, died, local_error, report_error
 from .lifecycle import (
     JOIN_S,
     POLL_S,
     Resource,
     get_context,
+    parent_alive,
     start_process,
     stop_process,
     worker_setup,
 )
-from .lifecycle import parent_alive as _parent_alive
 from .messages import Result, Task
 
 
@@ -65,7 +65,7 @@ def _map_main(
     assert transform is not None
     reader, out = wire.FrameReader(tasks.fileno()), results.fileno()
     while True:
-        frame = wire.read_until(reader, lambda: _parent_alive(parent), 1.0, 0.0)
+        frame = wire.read_until(reader, lambda: parent_alive(parent), 1.0, 0.0)
         if frame is None:
             return
         task: Task | None = pickle.loads(frame)
@@ -242,7 +242,7 @@ class ThreadPool(Pool):
                 return self._results.get(True, POLL_S)
             except queue.Empty:
                 if not all(thread.is_alive() for thread in self._threads):
-                    raise RuntimeError(f"{self._name}: a worker thread stopped") from None
+                    raise WorkerError(f"{self._name}: a worker thread stopped") from None
 
     def _shutdown(self) -> None:
         for _ in self._threads:
