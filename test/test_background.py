@@ -249,11 +249,11 @@ if __name__ == "__main__":
     next(pipeline)
     import multiprocessing
     print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
-    while True:
-        try:
-            next(pipeline)
-        except Exception as error:  # the WorkerError; keep the trainer alive, as a retry loop
-            time.sleep(0.01)
+    try:
+        for _ in pipeline:  # until the WorkerError, or the SIGTERM
+            pass
+    except Exception:
+        time.sleep(60)  # after the WorkerError, the SIGTERM must still stop this process
 """
 
 
