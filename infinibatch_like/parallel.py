@@ -10,7 +10,7 @@ from typing import Any
 
 from ._background.cursor import ReplayCursor, replay
 from ._background.errors import as_exception
-from ._background.lifecycle import get_context
+from ._background.lifecycle import ProcessesRefused, get_context, warn_thread_fallback
 from ._background.messages import Result, Task
 from ._background.pool import Pool, ProcessPool, ThreadPool
 from ._background.stage import BackgroundStage, Runner
@@ -102,17 +102,20 @@ class _MapRunner(Runner):
             if not items:
                 return
             if self.pool is None:
-                name = "ParallelMapIterator"
-                if self.mode == "thread":
-                    self.pool = ThreadPool(self.transform, self.num_workers, name)
-                else:
-                    self.pool = ProcessPool(
-                        self.transform, self.num_workers, name, self.start_method
-                    )
+                self.pool = self._new_pool()
             task = Task(self.number, items)
             self.number += 1
             self.pool.submit(task)
             self.in_flight.append(task)
+
+    def _new_pool(self) -> Pool:
+        name = "ParallelMapIterator"
+        if self.mode == "process":
+            try:
+                return ProcessPool(self.transform, self.num_workers, name, self.start_method)
+            except ProcessesRefused as error:
+                warn_thread_fallback(name, error)
+        return ThreadPool(self.transform, self.num_workers, name)
 
     def stop(self) -> None:
         pool, self.pool, self.dispatcher = self.pool, None, None

@@ -12,7 +12,7 @@ from ._background.channels import (
     buffered_channel,
     thread_channel,
 )
-from ._background.lifecycle import get_context
+from ._background.lifecycle import ProcessesRefused, get_context, warn_thread_fallback
 from ._background.messages import End
 from ._background.stage import BackgroundStage, Runner
 from ._base import CheckpointableIterator, require_checkpointable, require_int
@@ -50,15 +50,19 @@ class _PrefetchRunner(Runner):
             self.max_batch,
             "PrefetchIterator",
         )
-        if self.mode == "thread":
-            self.channel = thread_channel(production, self.slots, self.warn_empty)
-        elif self.buffer_in_main_process:  # a small buffer there, the real one here
+        if self.mode == "process":
+            try:
+                self.channel = self._process_channel(production)
+                return
+            except ProcessesRefused as error:
+                warn_thread_fallback("PrefetchIterator", error)
+        self.channel = thread_channel(production, self.slots, self.warn_empty)
+
+    def _process_channel(self, production: Production) -> Channel:
+        if self.buffer_in_main_process:  # a small buffer there, the real one here
             process = ProcessChannel(production, min(2, self.slots), False, self.start_method)
-            self.channel = buffered_channel(process, self.slots, self.warn_empty)
-        else:
-            self.channel = ProcessChannel(
-                production, self.slots, self.warn_empty, self.start_method
-            )
+            return buffered_channel(process, self.slots, self.warn_empty)
+        return ProcessChannel(production, self.slots, self.warn_empty, self.start_method)
 
     def stop(self) -> None:
         channel, self.channel = self.channel, None

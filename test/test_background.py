@@ -495,3 +495,26 @@ def test_start_after_the_end_or_an_error_starts_nothing(mode: str) -> None:
             stage.start()
             assert not children()
             assert not [t for t in threading.enumerate() if t.name.startswith("infinibatch_like")]
+
+
+def test_where_processes_are_refused_workers_run_in_threads_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from multiprocessing.process import BaseProcess
+
+    from infinibatch_like._background import lifecycle
+
+    def refuse(process: BaseProcess) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(BaseProcess, "start", refuse)
+    monkeypatch.setattr(lifecycle, "_FALLBACK_WARNED", [])
+    pipeline = it.ParallelMapIterator(it.PrefetchIterator(native(40), 4), same, 2, 3)
+    with caplog.at_level("WARNING", logger="infinibatch_like"), pipeline:
+        assert list(pipeline) == list(range(40))
+        pipeline.setstate(None)
+        assert next(pipeline) == 0
+    warnings = [r.getMessage() for r in caplog.records if "refuses" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "threads instead" in warnings[0]
+    assert not children()

@@ -10,6 +10,7 @@ daemonic process (a DataLoader worker), where multiprocessing would refuse them.
 from __future__ import annotations
 
 import atexit
+import errno
 import logging
 import multiprocessing
 import multiprocessing.util
@@ -106,14 +107,40 @@ os.register_at_fork(after_in_child=_LIVE.clear)
 
 def start_process(process: BaseProcess) -> None:
     """Start `process`, also from a daemonic process (a DataLoader worker), which
-    multiprocessing refuses: the parent watch of `worker_setup` stops it with its parent."""
+    multiprocessing refuses: the parent watch of `worker_setup` stops it with its parent.
+    Raises `ProcessesRefused` where the platform does not allow a child process."""
     config: dict[str, Any] = multiprocessing.current_process()._config  # type: ignore[attr-defined]
     daemonic = config.get("daemon", False)
     config["daemon"] = False
     try:
         process.start()
+    except (AssertionError, PermissionError) as error:  # a platform without child processes
+        raise ProcessesRefused(f"cannot start {process.name}") from error
+    except OSError as error:
+        if error.errno not in (errno.ENOSYS, errno.EPERM, errno.EACCES):
+            raise
+        raise ProcessesRefused(f"cannot start {process.name}") from error
     finally:
         config["daemon"] = daemonic
+
+
+class ProcessesRefused(Exception):
+    """This platform refuses to start a worker process (raised by `start_process`)."""
+
+
+_FALLBACK_WARNED: list[bool] = []
+
+
+def warn_thread_fallback(owner: str, error: ProcessesRefused) -> None:
+    """Log, once per process, that background stages use threads instead of processes."""
+    if not _FALLBACK_WARNED:
+        _FALLBACK_WARNED.append(True)
+        logger.warning(
+            "%s: this platform refuses to start worker processes here (%s); background "
+            "stages run their workers in threads instead",
+            owner,
+            error.__cause__,
+        )
 
 
 def stop_process(process: BaseProcess, grace: float = JOIN_S) -> None:

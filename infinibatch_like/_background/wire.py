@@ -62,11 +62,6 @@ def write_frame(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def send(fd: int, message: object) -> None:
-    """Pickle `message` and write it as one frame to `fd`."""
-    write_frame(fd, pickle.dumps(message, PROTOCOL))
-
-
 class FrameReader:
     """Reads frames from a pipe without ever blocking on it: `read` returns a frame, or
     None if none is complete within `timeout`; EOFError when every writer closed the pipe.
