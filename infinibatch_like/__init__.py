@@ -4,8 +4,9 @@ A drop-in replacement for infinibatch 0.1.1: ``import infinibatch_like`` provide
 iterator of `infinibatch_like.iterators`.
 """
 
+from ._background.stage import start_background
 from .iterators import *  # noqa: F403
 from .iterators import __all__ as _iterator_names
 
 __version__ = "0.1.0"
-__all__ = [*_iterator_names, "__version__"]
+__all__ = [*_iterator_names, "start_background", "__version__"]

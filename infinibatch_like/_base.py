@@ -10,8 +10,10 @@ States are computed on demand from what each stage tracks, never pickled.
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import inspect
 import pickle
+import threading
 import weakref
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
@@ -434,12 +436,26 @@ class Stage(CheckpointableIterator[T]):
         for param, value in list(named.items())[1:]:
             if callable(value) and not isinstance(value, (type, CheckpointableIterator)):
                 try:
-                    pickle.dumps(value, protocol)
+                    getattr(_PICKLING, "dumps", pickle.dumps)(value, protocol)
                 except Exception as error:
                     raise pickle.PicklingError(
                         f"cannot pickle {self._name}: its {param} {value!r} cannot be pickled "
                         f"({error}); use a module-level function or functools.partial"
                     ) from error
+
+
+_PICKLING = threading.local()
+
+
+@contextlib.contextmanager
+def callable_pickling(dumps: Callable[[Any, Any], bytes]) -> Iterator[None]:
+    """Within this block, stages being pickled check their callables with `dumps` (e.g.
+    ``cloudpickle.dumps``, which pickles lambdas) instead of plain pickle."""
+    _PICKLING.dumps = dumps
+    try:
+        yield
+    finally:
+        del _PICKLING.dumps
 
 
 class _Unrestored:

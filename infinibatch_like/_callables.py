@@ -173,9 +173,9 @@ def raising_callables(pipeline: object, error: BaseException) -> list[Raiser]:
     return [Raiser(stage, param, function) for stage, param, function in options]
 
 
-def callable_note(pipeline: object, error: BaseException) -> str | None:
-    """A note naming the stage and parameter whose callable raised `error`, e.g.
-    ``(raised by MapIterator's transform parse on item 'x')``; None if unknown."""
+def callable_origin(pipeline: object, error: BaseException) -> str | None:
+    """Which stage's user callable raised `error`, e.g. ``by MapIterator's transform parse
+    on item 'x'``; None if unknown."""
     raisers = raising_callables(pipeline, error)
     if not raisers:
         return None
@@ -183,7 +183,14 @@ def callable_note(pipeline: object, error: BaseException) -> str | None:
     name = _callable_name(first.function)
     shared = f", used by {len(raisers)} stages," if len(raisers) > 1 else ""
     item = "" if first.item is _NO_ITEM else f" on item {short_repr(first.item)}"
-    return f"{NOTE_PREFIX}by {first.stage._name}'s {first.param} {name}{shared}{item})"
+    return f"by {first.stage._name}'s {first.param} {name}{shared}{item}"
+
+
+def callable_note(pipeline: object, error: BaseException) -> str | None:
+    """A note naming the stage and parameter whose callable raised `error`, e.g.
+    ``(raised by MapIterator's transform parse on item 'x')``; None if unknown."""
+    origin = callable_origin(pipeline, error)
+    return None if origin is None else f"{NOTE_PREFIX}{origin})"
 
 
 def note_error(pipeline: object, error: BaseException) -> None:

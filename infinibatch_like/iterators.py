@@ -34,8 +34,8 @@ from typing import (  # noqa: UP035 - infinibatch's star import provides these n
     cast,
 )
 
+from ._background.errors import WorkerError
 from ._base import CheckpointableIterator, StateMismatchError
-from ._workers import WorkerError
 from .batching import BucketedReadaheadBatchIterator, FixedBatchIterator
 from .flatten import SelectManyIterator
 from .mapping import MapIterator, SamplingRandomMapIterator

@@ -1,181 +1,178 @@
-"""Parallel map: a transform applied in worker processes, in order, with exact checkpoints."""
+"""Parallel map: a transform applied by worker processes or threads, in order, with exact
+checkpoints."""
 
 from __future__ import annotations
 
-import operator
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
+from functools import partial
 from itertools import islice
-from typing import Any, ClassVar
+from typing import Any
 
-from . import _workers
+from ._background.cursor import ReplayCursor, replay
+from ._background.errors import as_exception
+from ._background.lifecycle import ProcessesRefused, get_context, warn_thread_fallback
+from ._background.messages import Result, Task
+from ._background.pool import Pool, ProcessPool, ThreadPool
+from ._background.stage import BackgroundStage, Runner
 from ._base import (
     CheckpointableIterator,
-    Stage,
-    State,
-    StateMismatchError,
     fast_iterator,
     require_callable,
     require_checkpointable,
     require_int,
+    source_state,
 )
 
+_MODES = ("process", "thread")
 
-class _MapRunner:
-    """Feeds tasks to the pool and yields results in order; tracks the consumer's position
-    against the source snapshots taken while dispatching. Holds no reference to the stage."""
+
+class _Dispatcher:
+    """Reads the source into tasks, recording a snapshot in the cursor every
+    `snapshot_every` source items (and right after the replay of a checkpoint)."""
+
+    def __init__(
+        self, source: CheckpointableIterator[Any], cursor: ReplayCursor, snapshot_every: int
+    ) -> None:
+        self._pull = fast_iterator(source)
+        self._getstate = partial(source_state, source)
+        self._cursor, self._every = cursor, snapshot_every
+        self.dispatched = cursor.consumed
+        replay(self._pull, self.dispatched, "ParallelMapIterator")
+        if self.dispatched:
+            cursor.snapshot(self.dispatched, self._getstate())
+        self._next_snapshot = self.dispatched + snapshot_every
+        self.exhausted = False
+        self.error: BaseException | None = None
+        """What the source raised, after the items that came before it."""
+
+    def take(self, size: int) -> list[Any]:
+        """Up to `size` items of the source (fewer at its end or at an error)."""
+        items: list[Any] = []
+        while len(items) < size and not self.exhausted:
+            if self.dispatched == self._next_snapshot:
+                self._cursor.snapshot(self.dispatched, self._getstate())
+                self._next_snapshot += self._every
+            want = min(size - len(items), self._next_snapshot - self.dispatched)
+            before = len(items)
+            try:
+                items.extend(islice(self._pull, want))  # keeps what came before an error
+            except Exception as error:
+                self.error, self.exhausted = error, True
+            self.dispatched += len(items) - before
+            if len(items) - before < want and not self.exhausted:
+                self.exhausted = True
+                self._cursor.snapshot(self.dispatched, self._getstate())
+        return items
+
+
+class _MapRunner(Runner):
+    """Feeds tasks to a `Pool` and yields their results in order."""
 
     def __init__(
         self,
         source: CheckpointableIterator[Any],
+        snapshot_every: int,
         transform: Callable[[Any], Any],
-        num_processes: int,
+        num_workers: int,
         task_size: int,
         tasks_in_flight: int,
-        snapshot_every: int,
+        mode: str,
         start_method: str | None,
     ) -> None:
-        self.source, self.transform = source, transform
-        self.num_processes, self.task_size = num_processes, task_size
-        self.tasks_in_flight = tasks_in_flight
-        self.snapshot_every, self.start_method = snapshot_every, start_method
-        self.pool: _workers.MapPool | None = None
-        self.reset({}, 0)
+        super().__init__(source, snapshot_every)
+        self.transform, self.num_workers, self.task_size = transform, num_workers, task_size
+        self.tasks_in_flight, self.mode, self.start_method = tasks_in_flight, mode, start_method
+        self.pool: Pool | None = None
+        self.dispatcher: _Dispatcher | None = None
+        self.in_flight: deque[Task] = deque()
+        self.done: dict[int, Result] = {}
+        self.number = 0
 
-    def reset(self, snapshot: State, replay: int) -> None:
-        # (position, source state there); positions count source items from the first
-        # snapshot. The first entry is at or before the consumer's position.
-        self.snapshots: deque[tuple[int, State]] = deque([(0, snapshot)])
-        self.base = replay
-        self.batch: Iterator[Any] = iter(())
-        self.batch_length = 0
+    def _start(self) -> None:
+        self.in_flight.clear()
+        self.done.clear()
+        self.dispatcher = _Dispatcher(self.source, self.cursor, self.snapshot_every)
+        self.fill()
 
-    def state(self) -> State:
-        consumed = self.base + self.batch_length - operator.length_hint(self.batch)
-        position, snapshot = self.snapshots[0]
-        for later, later_snapshot in self.snapshots:
-            if later > consumed:
-                break
-            position, snapshot = later, later_snapshot
-        return {"source": snapshot, "replay": consumed - position}
+    def fill(self) -> None:
+        """Submit tasks until `tasks_in_flight` are in flight or the source ends."""
+        dispatcher = self.dispatcher
+        assert dispatcher is not None
+        while len(self.in_flight) < self.tasks_in_flight and not dispatcher.exhausted:
+            items = dispatcher.take(self.task_size)
+            if not items:
+                return
+            if self.pool is None:
+                self.pool = self._new_pool()
+            task = Task(self.number, items)
+            self.number += 1
+            self.pool.submit(task)
+            self.in_flight.append(task)
+
+    def _new_pool(self) -> Pool:
+        name = "ParallelMapIterator"
+        if self.mode == "process":
+            try:
+                return ProcessPool(self.transform, self.num_workers, name, self.start_method)
+            except ProcessesRefused as error:
+                warn_thread_fallback(name, error)
+        return ThreadPool(self.transform, self.num_workers, name)
 
     def stop(self) -> None:
-        pool, self.pool = self.pool, None
+        pool, self.pool, self.dispatcher = self.pool, None, None
         if pool is not None:
             pool.shutdown()
 
+    def _result(self, number: int) -> Result:
+        """The result of task `number`, waiting for it."""
+        while number not in self.done:
+            assert self.pool is not None
+            result = self.pool.receive()
+            self.done[result.number] = result
+        return self.done.pop(number)
+
     def generate(self) -> Iterator[Any]:
-        source, every, snapshots = self.source, self.snapshot_every, self.snapshots
-        pull = fast_iterator(source)
-        getstate = source.getstate
-        dispatched = self.base
-        for index in range(dispatched):
-            try:
-                next(pull)
-            except StopIteration:
-                raise StateMismatchError(
-                    f"the checkpoint replays {dispatched} items after its snapshot, but the "
-                    f"source ends after {index}",
-                    ("ParallelMapIterator",),
-                ) from None
-        next_snapshot = (dispatched // every + 1) * every
-        in_flight: deque[tuple[int, int]] = deque()  # (task number, item count)
-        done: dict[int, tuple[list[Any], _workers.Report | None]] = {}
-        number = 0
-        exhausted = False
-        source_error: BaseException | None = None
-        limit = self.tasks_in_flight
-        pool: _workers.MapPool | None = None
-
-        def take() -> list[Any]:
-            nonlocal dispatched, next_snapshot, exhausted, source_error
-            items: list[Any] = []
-            while len(items) < self.task_size:
-                if dispatched == next_snapshot:
-                    snapshots.append((dispatched, getstate()))
-                    next_snapshot += every
-                want = min(self.task_size - len(items), next_snapshot - dispatched)
-                before = len(items)
-                try:
-                    items.extend(islice(pull, want))  # keeps what came before an error
-                except Exception as error:
-                    source_error, exhausted = error, True
-                    dispatched += len(items) - before
-                    break
-                got = len(items) - before
-                dispatched += got
-                if got < want:
-                    exhausted = True
-                    snapshots.append((dispatched, getstate()))
-                    break
-            return items
-
-        def fill() -> None:
-            nonlocal number, pool
-            while len(in_flight) < limit and not exhausted:
-                items = take()  # a source error is raised when the consumer gets there
-                if not items:
-                    return
-                if pool is None:
-                    pool = self.pool = _workers.MapPool(
-                        self.transform,
-                        self.num_processes,
-                        "ParallelMapIterator",
-                        self.start_method,
-                    )
-                pool.submit(number, items)
-                in_flight.append((number, len(items)))
-                number += 1
-
+        self.start()
+        dispatcher, cursor = self.dispatcher, self.cursor
+        assert dispatcher is not None
         try:
-            while True:
-                fill()
-                if not in_flight:
-                    if source_error is not None:
-                        raise source_error
-                    return
-                head, count = in_flight[0]
-                while head not in done:
-                    assert pool is not None
-                    finished, outputs, report = pool.receive()
-                    done[finished] = outputs, report
-                outputs, report = done.pop(head)
-                in_flight.popleft()
-                if report is None:
-                    fill()  # keep the workers busy while the consumer works through this task
-                batch = iter(outputs)
-                self.batch, self.batch_length = batch, len(outputs)
-                yield from batch
-                if report is not None:
-                    _workers.raise_report(report)
-                self.base += count
-                self.batch_length = 0
-                while len(snapshots) > 1 and snapshots[1][0] <= self.base:
-                    snapshots.popleft()
+            while self.in_flight:
+                result = self._result(self.in_flight.popleft().number)
+                if result.failure is None:
+                    self.fill()  # keep the workers busy while the consumer takes these
+                yield from cursor.serve(result.outputs)
+                if result.failure is not None:
+                    raise as_exception(result.failure)
+                cursor.served()
+            if dispatcher.error is not None:
+                raise dispatcher.error
         finally:
-            if self.pool is pool:
+            if self.dispatcher is dispatcher:  # not restarted by a restore meanwhile
                 self.stop()
 
 
-class ParallelMapIterator(Stage[Any]):
+class ParallelMapIterator(BackgroundStage[Any]):
     """Yields ``transform(item)`` for each item of the source, like `MapIterator`, with the
-    transform running in `num_processes` worker processes.
+    transform running in `num_processes` worker processes (or threads).
 
     The consumer's process reads the source and sends tasks of up to
     `num_items_per_process` items to the workers, keeping up to `tasks_in_flight` tasks
     in flight; results come back in order and stream out as soon as the oldest task is done
     (no waiting for a whole round). The output, errors included, is exactly
-    `MapIterator`'s. The pool starts at the first ``next()`` and stops at ``close()``, on
-    garbage collection, at interpreter exit and when the source ends. It works nested
-    inside a process `PrefetchIterator` (the pool then lives in the prefetcher's worker)
-    and around one.
+    `MapIterator`'s: the items before a failing one are all delivered. The pool starts at
+    the first ``next()`` (or at `start`) and stops at ``close()``, on garbage collection,
+    at interpreter exit and when the source ends. It works nested inside a process
+    `PrefetchIterator` (the pool then lives in the prefetcher's worker), around one, and
+    inside DataLoader worker processes (whose death stops it).
 
     Args:
         source_iterator: the source; it is reset.
-        transform: the function to apply; under the ``"spawn"`` and ``"forkserver"`` start
-            methods it must pickle (a module-level function or ``functools.partial``).
-        num_processes: worker processes (>= 1).
+        transform: the function to apply. Under the ``"spawn"`` and ``"forkserver"`` start
+            methods it is sent to the workers with pickle, or with cloudpickle (``pip
+            install infinibatch_like[parallel]``) for lambdas and local functions; what
+            cannot be sent (an open file, a lock) raises ``pickle.PicklingError`` naming it.
+        num_processes: worker processes, or threads with ``mode="thread"`` (>= 1).
         num_items_per_process: items per task (>= 1): larger tasks cost less overhead,
             smaller ones give the first result sooner.
         tasks_in_flight: how many tasks the workers may have queued, in progress or done
@@ -186,21 +183,26 @@ class ParallelMapIterator(Stage[Any]):
         start_method: multiprocessing start method of the workers (None: the default).
         snapshot_every: the source's state is recorded every `snapshot_every` items while
             dispatching (>= 1); this bounds what a restore replays.
+        mode: ``"process"`` (worker processes: CPU-bound Python transforms run in
+            parallel; items and results are pickled) or ``"thread"`` (worker threads of
+            this process: for transforms that release the GIL, such as decompression,
+            image decoding, numpy or remote reads; nothing is pickled).
 
     Raises:
-        Exception: whatever the transform raises, in the consumer at the item that raised
-            it, with the worker's traceback as ``__cause__`` and a note naming the stage.
-        WorkerError: (a RuntimeError) if a worker process dies.
+        ValueError: for an argument out of range, an unknown mode or start method.
+        Exception: whatever the source or the transform raises, in the consumer at the
+            item that raised it, with the worker's traceback as ``__cause__`` and a note
+            naming the stage; ``getstate()`` then points at that item.
+        WorkerError: (a RuntimeError) if a worker process dies, within a second or so.
 
     Checkpoint:
         ``{"source", "replay"}``: the source's state recorded at or before the consumer's
-        position and the number of items consumed since (< `snapshot_every`, except right
-        after a restore). Size: one source state plus an int. A restore sets the source to
-        that state and skips `replay` source items without transforming them: at most
-        `snapshot_every` re-read items. Results in flight are computed again.
+        position and the number of items consumed since (at most `snapshot_every`, also
+        after restores; a state with more is refused). Size: one source state plus an int.
+        A restore sets the source to that state and skips `replay` source items without
+        transforming them: at most `snapshot_every` re-read items. Results in flight are
+        computed again.
     """
-
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"source": dict, "replay": int}
 
     def __init__(
         self,
@@ -212,6 +214,7 @@ class ParallelMapIterator(Stage[Any]):
         tasks_in_flight: int | None = None,
         start_method: str | None = None,
         snapshot_every: int = 100,
+        mode: str = "process",
     ) -> None:
         owner = "ParallelMapIterator"
         require_checkpointable(owner, "source_iterator", source_iterator)
@@ -222,39 +225,18 @@ class ParallelMapIterator(Stage[Any]):
             tasks_in_flight = 2 * num_processes
         require_int(owner, "tasks_in_flight", tasks_in_flight, 1)
         require_int(owner, "snapshot_every", snapshot_every, 1)
-        _workers.get_context(owner, start_method)
-        self._source = source_iterator
-        self._sources = (source_iterator,)
-        self._runner = _MapRunner(
+        if mode not in _MODES:
+            raise ValueError(f"{owner}: mode must be one of {_MODES}, got {mode!r}")
+        if mode == "process":
+            get_context(owner, start_method)
+        runner = _MapRunner(
             source_iterator,
+            snapshot_every,
             transform,
             num_processes,
             num_items_per_process,
             tasks_in_flight,
-            snapshot_every,
+            mode,
             start_method,
         )
-        self._finalizer = weakref.finalize(self, self._runner.stop)
-        self._restore(None)
-
-    def _state(self) -> State:
-        return self._runner.state()
-
-    def _restore(self, state: State | None) -> None:
-        runner = self._runner
-        runner.stop()
-        self.restore_source(self._source, None if state is None else state["source"], "source")
-        if state is None:
-            runner.reset(self._source.getstate(), 0)
-        else:
-            if state["replay"] < 0:
-                raise self.mismatch(f"'replay' must be >= 0, got {state['replay']}")
-            runner.reset(state["source"], state["replay"])
-        self._iterator = runner.generate()
-
-    def close(self) -> None:
-        """Stop the worker processes, then close the source. Idempotent; afterwards
-        ``next()`` and ``setstate()`` raise RuntimeError."""
-        if not self._closed:
-            self._runner.stop()
-        super().close()
+        self._init_background(source_iterator, runner)

@@ -152,6 +152,7 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
     ],
     "ParallelMapIterator": [
         lambda: it.ParallelMapIterator(native(30), add_one, 2, 3, snapshot_every=4),
+        lambda: it.ParallelMapIterator(native(30), add_one, 3, 2, snapshot_every=5, mode="thread"),
         lambda: it.ParallelMapIterator(
             it.PrefetchIterator(native(20), 6, snapshot_every=5), add_one, 2, 2,
             snapshot_every=3,
@@ -222,15 +223,6 @@ DIFFERENT: dict[str, Callable[[], CheckpointableIterator[Any]]] = {
     ),
 }
 
-# Case id -> why the case fails today (strict: remove the entry when it passes).
-KNOWN_FAILURES = {
-    "chunked_dataset_iterator-3": (
-        "C11: a PrefetchIterator state with 'replay' = 10**18 over an endless source skips "
-        "for ever; the rebuilt background stages (branch bg) bound 'replay'"
-    ),
-}
-
-
 def public_iterator_names() -> set[str]:
     names = set()
     for name, value in vars(it).items():
@@ -255,15 +247,13 @@ def contract_cases() -> list[Any]:
     for name, factories in CASES.items():
         for index, factory in enumerate(factories):
             case = f"{name}-{index}"
-            known = KNOWN_FAILURES.get(case)
-            marks = [pytest.mark.xfail(reason=known, strict=True)] if known else []
-            cases.append(pytest.param(factory, DIFFERENT.get(case), id=case, marks=marks))
+            cases.append(pytest.param(factory, DIFFERENT.get(case), id=case))
     return cases
 
 
 def test_every_different_factory_belongs_to_a_case() -> None:
     ids = {f"{name}-{index}" for name, cases in CASES.items() for index in range(len(cases))}
-    assert set(DIFFERENT) | set(KNOWN_FAILURES) <= ids
+    assert set(DIFFERENT) <= ids
 
 
 @pytest.mark.parametrize(("factory", "different"), contract_cases())

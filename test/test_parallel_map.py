@@ -174,9 +174,13 @@ def test_argument_errors() -> None:
         it.ParallelMapIterator(range(3), square, 1, 1)  # type: ignore[arg-type]
 
 
-def test_unpicklable_transform_under_spawn_is_named() -> None:
-    pipeline = it.ParallelMapIterator(native(5), lambda x: x, 2, 1, start_method="spawn")
-    with pytest.raises(pickle.PicklingError, match=r"ParallelMapIterator.*transform.*lambda"):
+def test_unsendable_transform_under_spawn_is_named() -> None:
+    lock = threading.Lock()  # a lambda is sent (cloudpickle); a lock in its closure is not
+    transform = lambda x: (lock, x)[1]  # noqa: E731
+    pipeline = it.ParallelMapIterator(native(5), transform, 2, 1, start_method="spawn")
+    with pytest.raises(
+        pickle.PicklingError, match=r"ParallelMapIterator.*transform.*lambda.*lock"
+    ):
         next(pipeline)
     pipeline.close()
     assert not children()

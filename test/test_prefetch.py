@@ -182,10 +182,13 @@ def test_argument_errors() -> None:
         PrefetchIterator([1, 2], 2)  # type: ignore[arg-type]
 
 
-def test_unpicklable_pipeline_under_spawn_names_the_stage() -> None:
-    source = it.MapIterator(it.NativeCheckpointableIterator([1, 2]), lambda x: x)
+def test_unsendable_pipeline_under_spawn_names_the_stage() -> None:
+    lock = threading.Lock()  # a lambda is sent (cloudpickle); a lock in its closure is not
+    source = it.MapIterator(it.NativeCheckpointableIterator([1, 2]), lambda x: (lock, x)[1])
     pipeline = PrefetchIterator(source, 2, start_method="spawn")
-    with pytest.raises(pickle.PicklingError, match=r"MapIterator.*transform.*lambda"):
+    with pytest.raises(
+        pickle.PicklingError, match=r"PrefetchIterator.*MapIterator.*transform.*lambda.*lock"
+    ):
         next(pipeline)
     pipeline.close()
     assert not children()

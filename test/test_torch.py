@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import multiprocessing
 import pickle
 import subprocess
 import sys
@@ -33,6 +34,8 @@ from infinibatch_like.iterators import (
     CheckpointableIterator,
     FixedBatchIterator,
     MapIterator,
+    ParallelMapIterator,
+    PrefetchIterator,
 )
 from infinibatch_like.torch import (
     CheckpointableDataset,
@@ -515,3 +518,51 @@ def test_padding_as_collate_fn_in_worker_processes() -> None:
         from torch.utils.data._utils.pin_memory import pin_memory
 
         assert pin_memory(batch).lengths.is_pinned()  # what DataLoader(pin_memory=True) calls
+
+
+# -- background stages inside DataLoader workers (daemonic processes) --------------------------
+
+
+def _same(item: Any) -> Any:
+    return item
+
+
+def in_the_background(
+    kind: str, build: Any, instance_rank: int, num_instances: int
+) -> CheckpointableIterator[Any]:
+    """`build`'s pipeline behind a parallel map or a process prefetcher (same items).
+
+    Their workers are forked (where possible) even inside spawned DataLoader workers, whose
+    default start method is spawn: a spawned worker imports torch again (seconds each).
+    """
+    pipeline = build(instance_rank, num_instances)
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+    if kind == "parallel map":
+        return ParallelMapIterator(pipeline, _same, 2, 2, snapshot_every=3, start_method=method)
+    return PrefetchIterator(pipeline, 4, snapshot_every=3, start_method=method)
+
+
+BACKGROUND_KINDS = ["parallel map", "prefetch"]
+
+
+@pytest.mark.parametrize("kind", BACKGROUND_KINDS)
+def test_background_stages_run_inside_dataloader_workers(kind: str) -> None:
+    factory = functools.partial(in_the_background, kind, evaluation_pipeline)
+    seen = list(DataLoader(CheckpointableDataset(factory), batch_size=None, num_workers=2))
+    assert Counter(tuple(sequence) for _, sequence in seen) == Counter(ALL_SEQUENCES)
+    assert sorted(Counter(reader for reader, _ in seen)) == [0, 1]
+
+
+@pytest.mark.parametrize("kind", BACKGROUND_KINDS)
+@pytest.mark.parametrize("context", [None, "spawn"])
+def test_background_stages_in_stateful_dataloader_workers_resume_exactly(
+    reference: list[list[list[int]]], kind: str, context: str | None
+) -> None:
+    factory = functools.partial(in_the_background, kind, training_pipeline)
+    options = {"multiprocessing_context": context}
+    interrupted = stateful_loader(CheckpointableDataset(factory), 2, **options)
+    assert rows(iter(interrupted), CUT) == reference[:CUT]
+    state = through_torch_save(interrupted.state_dict())
+    resumed = stateful_loader(CheckpointableDataset(factory), 2, **options)
+    resumed.load_state_dict(state)
+    assert rows(iter(resumed), STEPS - CUT) == reference[CUT:]

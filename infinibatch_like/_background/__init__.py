@@ -1,0 +1,14 @@
+"""The background layer: workers (threads or processes) that produce items ahead of the
+consumer, shared by every background stage.
+
+- `errors`: `WorkerError`, and how a worker's exception reaches the consumer.
+- `lifecycle`: start methods, starting and stopping worker processes, the registry of
+  live workers (stopped at exit), the timeouts.
+- `wire`: how objects and bytes cross a process boundary (cloudpickle for pipelines,
+  framed messages on pipes that the reader polls, so that a dead writer never hangs it).
+- `messages`: the typed messages between workers and the consumer.
+- `channels`: one producer worker (thread or process) behind a bounded buffer.
+- `pool`: the workers of a parallel map (processes or threads).
+- `cursor`: the consumer's position: a source snapshot and the items consumed since.
+- `stage`: `BackgroundStage`, the base of `PrefetchIterator` and `ParallelMapIterator`.
+"""

@@ -1,0 +1,331 @@
+"""A producer worker (a thread or a process) running `produce` over a source, behind a
+bounded buffer; `receive` gives the consumer its next message."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
+from itertools import islice
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any, NamedTuple
+
+from .._base import CheckpointableIterator, fast_iterator, source_state
+from . import wire
+from .cursor import replay
+from .errors import WorkerError, as_exception, chain_names, died, local_error, report_error
+from .lifecycle import (
+    LAST_WORDS_S,
+    POLL_S,
+    THREAD_STOP_S,
+    Resource,
+    get_context,
+    start_process,
+    stop_process,
+    worker_setup,
+)
+from .messages import Batch, End, Failure, Mark, Message
+
+logger = logging.getLogger("infinibatch_like")
+
+
+class Production(NamedTuple):
+    """What a producer worker runs: `produce`'s arguments."""
+
+    source: CheckpointableIterator[Any]
+    replay: int
+    snapshot_every: int
+    max_batch: int
+    owner: str
+
+
+def produce(production: Production) -> Iterator[Message]:
+    """The messages for the consumer of ``production.source``: batches of items, then
+    `End`; an exception of the source is raised after the items that came before it.
+
+    The source is where a checkpoint's snapshot points; `replay` items are skipped first,
+    then a snapshot is taken (so a checkpoint never replays more than `snapshot_every`).
+    Batches start at one item and double up to `max_batch` (<= `snapshot_every`: a fast
+    first item, then few messages); every `snapshot_every` items a batch carries a `Mark`.
+    """
+    source, skip, every, max_batch, owner = production
+    pull = fast_iterator(source)
+    replay(pull, skip, owner)
+    getstate: Callable[[], Any] = partial(source_state, source)
+    if skip:
+        yield Batch([], Mark(0, getstate()))
+    size, until_snapshot = 1, every
+    while True:
+        items: list[Any] = []
+        mark = None
+        try:
+            if size <= until_snapshot:  # the common case: no snapshot inside this batch
+                items.extend(islice(pull, size))  # keeps what came before an error
+                until_snapshot -= len(items)
+            else:
+                items.extend(islice(pull, until_snapshot))
+                if len(items) == until_snapshot:
+                    mark = Mark(len(items), getstate())
+                    items.extend(islice(pull, size - len(items)))
+                    until_snapshot = every - (len(items) - mark.offset)
+        except BaseException:
+            if items or mark is not None:
+                yield Batch(items, mark)
+            raise
+        if len(items) < size:
+            if items:
+                yield Batch(items, mark)
+            yield End(getstate())
+            return
+        if until_snapshot == 0:
+            mark, until_snapshot = Mark(size, getstate()), every
+        yield Batch(items, mark)
+        if size < max_batch:
+            size = min(2 * size, max_batch)
+
+
+def _opened(message: Message) -> Message:
+    if isinstance(message, Failure):
+        raise as_exception(message.error)
+    return message
+
+
+class Channel(Resource):
+    """A producer worker; `receive` returns its next `Batch` or `End`, or raises."""
+
+    def receive(self) -> Batch | End:
+        raise NotImplementedError
+
+
+class ThreadChannel(Channel):
+    """`messages` iterated by a daemon thread into a `queue.Queue` of `slots` messages.
+
+    `where` names the thread in the notes of the exceptions it raises (None: passed on
+    unchanged, they were described where they started). `upstream`, a channel that
+    `messages` reads, is stopped with this one.
+    """
+
+    def __init__(
+        self,
+        messages: Iterator[Message],
+        slots: int,
+        name: str,
+        warn_empty: bool,
+        where: str | None,
+        upstream: ProcessChannel | None = None,
+        pipeline: object = None,
+    ) -> None:
+        super().__init__()
+        self._queue: queue.Queue[Message] = queue.Queue(slots)
+        self._stop = threading.Event()
+        self._name, self._warn_empty, self._upstream = name, warn_empty, upstream
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(messages, where, pipeline),
+            name=f"infinibatch_like.{name}.worker",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _run(self, messages: Iterator[Message], where: str | None, pipeline: object) -> None:
+        put, stop = self._queue.put, self._stop
+        try:
+            for message in messages:
+                put(message)
+                if stop.is_set():
+                    return
+        except BaseException as error:
+            if not stop.is_set():
+                put(Failure(local_error(error, where, pipeline)))
+        finally:
+            messages.close()  # type: ignore[attr-defined]
+
+    def receive(self) -> Batch | End:
+        get = self._queue.get
+        try:
+            return _opened(get(False))  # type: ignore[return-value]
+        except queue.Empty:
+            pass
+        if self._warn_empty:
+            logger.warning("%s: the prefetch buffer is empty; waiting for its worker", self._name)
+        while True:
+            try:
+                return _opened(get(True, POLL_S))  # type: ignore[return-value]
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    try:
+                        return _opened(get(False))  # type: ignore[return-value]
+                    except queue.Empty:
+                        raise WorkerError(
+                            f"{self._name}: its worker thread stopped without a result"
+                        ) from None
+
+    def _shutdown(self) -> None:
+        self._stop.set()
+        if self._upstream is not None:  # the relay then sees its worker gone
+            self._upstream.stop_worker()
+        deadline = time.monotonic() + THREAD_STOP_S
+        while self._thread.is_alive():
+            try:  # unblock a worker waiting for room in the queue
+                while True:
+                    self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            self._thread.join(0.01)
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{self._name}: its worker thread did not stop in {THREAD_STOP_S} s"
+                )
+        if self._upstream is not None:
+            self._upstream.shutdown()
+
+
+def thread_channel(production: Production, slots: int, warn_empty: bool) -> ThreadChannel:
+    """`produce` in a worker thread."""
+    name = production.owner
+    where = f"in the worker thread of {name} (reading {chain_names(production.source)})"
+    source = production.source
+    return ThreadChannel(produce(production), slots, name, warn_empty, where, None, source)
+
+
+def _relay(channel: ProcessChannel) -> Iterator[Message]:
+    while True:
+        message = channel.receive()
+        yield message
+        if isinstance(message, End):
+            return
+
+
+def buffered_channel(channel: ProcessChannel, slots: int, warn_empty: bool) -> ThreadChannel:
+    """`channel`'s messages received ahead, by a thread of this process, into a buffer here."""
+    name = channel.name
+    return ThreadChannel(_relay(channel), slots, name, warn_empty, None, upstream=channel)
+
+
+class _Outbox:
+    """A worker process's bounded buffer of pickled messages, written to the consumer's
+    pipe by a thread (so that producing overlaps with the consumer reading)."""
+
+    def __init__(self, fd: int, slots: int) -> None:
+        self._queue: queue.Queue[bytes | None] = queue.Queue(slots)
+        self._thread = threading.Thread(
+            target=self._write, args=(fd,), name="infinibatch_like.outbox", daemon=True
+        )
+        self._thread.start()
+
+    def _write(self, fd: int) -> None:
+        get = self._queue.get
+        try:
+            while (data := get()) is not None:
+                wire.write_frame(fd, data)
+        except OSError:  # the consumer closed the pipe: it is stopping this worker
+            pass
+
+    def put(self, message: Message) -> None:
+        self._queue.put(pickle.dumps(message, wire.PROTOCOL))
+
+    def close(self) -> None:
+        """Wait until everything put was written."""
+        self._queue.put(None)
+        self._thread.join()
+
+
+def _producer_main(
+    payload: bytes | None,
+    production: Production,
+    slots: int,
+    writer: Connection,
+    parent: int,
+    where: str,
+) -> None:
+    """Entry point of a producer worker process."""
+    holder: list[Any] = [production.source]
+
+    def close_pipeline() -> None:
+        if hasattr(holder[0], "close"):
+            holder[0].close()
+
+    worker_setup(parent, close_pipeline)
+    outbox = _Outbox(writer.fileno(), slots)
+    try:
+        if payload is not None:
+            holder[0] = pickle.loads(payload)
+        for message in produce(production._replace(source=holder[0])):
+            outbox.put(message)
+    except BaseException as error:
+        outbox.put(Failure(report_error(error, where, holder[0])))
+    finally:
+        outbox.close()
+        close_pipeline()
+
+
+class ProcessChannel(Channel):
+    """`produce` in a worker process, sending pickled messages on a pipe; up to `slots`
+    messages wait in the worker (plus what the pipe holds)."""
+
+    def __init__(
+        self, production: Production, slots: int, warn_empty: bool, start_method: str | None
+    ) -> None:
+        name = self.name = production.owner
+        context = get_context(name, start_method)
+        method = context.get_start_method()
+        chain = chain_names(production.source)
+        payload = None
+        if method != "fork":
+            what = f"source pipeline ({chain})"
+            payload = wire.dumps_for_worker(name, what, production.source, method)
+            production = production._replace(source=None)  # type: ignore[arg-type]
+        super().__init__()
+        self._warn_empty = warn_empty
+        where = f"in the worker process of {name} (start method {method!r}, reading {chain})"
+        self._receiver, writer = context.Pipe(duplex=False)
+        self._process: BaseProcess = context.Process(  # type: ignore[attr-defined]
+            target=_producer_main,
+            args=(payload, production, slots, writer, os.getpid(), where),
+            name=f"infinibatch_like.{name}.worker",
+            daemon=False,
+        )
+        try:
+            start_process(self._process)
+        except BaseException:
+            self.shutdown()
+            raise
+        finally:
+            writer.close()
+        self._reader = wire.FrameReader(self._receiver.fileno())
+
+    def _alive(self) -> bool:
+        return self._process.exitcode is None
+
+    def receive(self) -> Batch | End:
+        try:
+            frame = self._reader.read(0)
+        except EOFError:  # the worker is gone: said below
+            frame = None
+        if frame is None:
+            if self._warn_empty:
+                logger.warning(
+                    "%s: the prefetch buffer is empty; waiting for its worker", self.name
+                )
+            frame = wire.read_until(self._reader, self._alive, POLL_S, LAST_WORDS_S)
+            if frame is None:
+                self.stop_worker()
+                raise died(self.name, self._process.pid, self._process.exitcode)
+        return _opened(pickle.loads(frame))  # type: ignore[return-value]
+
+    def stop_worker(self) -> None:
+        """Stop the worker process (idempotent); `shutdown` then releases the pipe."""
+        if self._process._popen is not None:  # type: ignore[attr-defined]
+            stop_process(self._process)
+
+    def _shutdown(self) -> None:
+        self.stop_worker()
+        if self._process._popen is not None:  # type: ignore[attr-defined]
+            self._process.close()
+        self._receiver.close()

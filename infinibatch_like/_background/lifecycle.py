@@ -1,0 +1,186 @@
+"""Worker processes and threads: start methods, start and stop, the registry of live
+workers, what every worker process does first, and the timeouts of the layer.
+
+Every worker process watches its parent: when the parent is gone (killed, or exited
+without stopping it), the worker closes its pipeline and exits within
+`PARENT_CHECK_S`. So workers never outlive their consumer, even when started from a
+daemonic process (a DataLoader worker), where multiprocessing would refuse them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import logging
+import multiprocessing
+import multiprocessing.util
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+logger = logging.getLogger("infinibatch_like")
+
+POLL_S = 0.1
+"""How often a waiting consumer checks that its workers are alive (seconds)."""
+
+JOIN_S = 5.0
+"""How long a worker may take to stop before it is killed (seconds)."""
+
+LAST_WORDS_S = 0.5
+"""How long the consumer reads what a worker process sent just before it died (seconds)."""
+
+PARENT_CHECK_S = 0.5
+"""How often a worker process checks that its parent is alive (seconds)."""
+
+THREAD_STOP_S = 60.0
+"""How long a worker thread may take to stop before `close()` gives up on it (seconds)."""
+
+
+def get_context(owner: str, start_method: str | None) -> BaseContext:
+    """The multiprocessing context of `start_method` (None: the platform's default)."""
+    methods = multiprocessing.get_all_start_methods()
+    if start_method is not None and start_method not in methods:
+        raise ValueError(
+            f"{owner}: start_method must be one of {methods} or None, got {start_method!r}"
+        )
+    return multiprocessing.get_context(start_method)
+
+
+# -- the live-worker registry ------------------------------------------------------------
+
+
+class Resource:
+    """Something with background workers; `shutdown` stops them and is idempotent."""
+
+    def __init__(self) -> None:
+        self._owner = os.getpid()
+        _register_exit_handler()
+        _LIVE.add(self)
+
+    def owned(self) -> bool:
+        """Whether this process started the workers (a forked child inherits copies)."""
+        return os.getpid() == self._owner
+
+    def shutdown(self) -> None:
+        _LIVE.discard(self)
+        if self.owned():
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        raise NotImplementedError
+
+
+_LIVE: set[Resource] = set()
+_HANDLER_PID: list[int] = []
+
+
+def _shutdown_all() -> None:
+    for resource in list(_LIVE):
+        try:
+            resource.shutdown()
+        except Exception:  # exiting: stop the others anyway
+            logger.exception("infinibatch_like: error while stopping a background worker")
+
+
+def _register_exit_handler() -> None:
+    """Stop this process's workers when it exits, before multiprocessing joins its
+    children: as a multiprocessing finalizer (run by the exit of the main process and of
+    multiprocessing's worker processes, where atexit handlers do not run) and by atexit."""
+    if [os.getpid()] == _HANDLER_PID:
+        return
+    _HANDLER_PID[:] = [os.getpid()]
+    multiprocessing.util.Finalize(None, _shutdown_all, exitpriority=100)
+
+
+# Registered after multiprocessing.util's own handler, so it runs first (atexit is LIFO).
+atexit.register(_shutdown_all)
+os.register_at_fork(after_in_child=_LIVE.clear)
+
+
+# -- processes -----------------------------------------------------------------------------
+
+
+def start_process(process: BaseProcess) -> None:
+    """Start `process`, also from a daemonic process (a DataLoader worker), which
+    multiprocessing refuses: the parent watch of `worker_setup` stops it with its parent.
+    Raises `ProcessesRefused` where the platform does not allow a child process."""
+    config: dict[str, Any] = multiprocessing.current_process()._config  # type: ignore[attr-defined]
+    daemonic = config.get("daemon", False)
+    config["daemon"] = False
+    try:
+        process.start()
+    except (AssertionError, PermissionError) as error:  # a platform without child processes
+        raise ProcessesRefused(f"cannot start {process.name}") from error
+    except OSError as error:
+        if error.errno not in (errno.ENOSYS, errno.EPERM, errno.EACCES):
+            raise
+        raise ProcessesRefused(f"cannot start {process.name}") from error
+    finally:
+        config["daemon"] = daemonic
+
+
+class ProcessesRefused(Exception):
+    """This platform refuses to start a worker process (raised by `start_process`)."""
+
+
+_FALLBACK_WARNED: list[bool] = []
+
+
+def warn_thread_fallback(owner: str, error: ProcessesRefused) -> None:
+    """Log, once per process, that background stages use threads instead of processes."""
+    if not _FALLBACK_WARNED:
+        _FALLBACK_WARNED.append(True)
+        logger.warning(
+            "%s: this platform refuses to start worker processes here (%s); background "
+            "stages run their workers in threads instead",
+            owner,
+            error.__cause__,
+        )
+
+
+def stop_process(process: BaseProcess, grace: float = JOIN_S) -> None:
+    """Terminate `process` (SIGTERM, then SIGKILL after `grace` seconds) and reap it."""
+    if process.exitcode is None:
+        process.terminate()
+        process.join(grace)
+        if process.exitcode is None:
+            process.kill()
+            process.join(grace)
+
+
+def parent_alive(parent: int) -> bool:
+    """Whether process `parent` exists (zombies included, until reaped)."""
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # the pid was reused by another user's process
+        return False
+    return True
+
+
+def worker_setup(parent: int, on_exit: Callable[[], None]) -> None:
+    """What a worker process does first: leave Ctrl-C to its consumer, and run `on_exit`
+    then exit at once on SIGTERM or when `parent` is gone (checked every `PARENT_CHECK_S`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ppid = os.getppid()
+
+    def leave(*_: object) -> None:
+        # Exit right here: unwinding from an arbitrary point could leave a lock held.
+        try:
+            on_exit()
+        finally:
+            os._exit(0)
+
+    def watch() -> None:
+        while os.getppid() == ppid and parent_alive(parent):
+            time.sleep(PARENT_CHECK_S)
+        leave()
+
+    signal.signal(signal.SIGTERM, leave)
+    threading.Thread(target=watch, name="infinibatch_like.parent-watch", daemon=True).start()

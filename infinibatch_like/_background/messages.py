@@ -1,0 +1,52 @@
+"""The messages between background workers and their consumer, one type per kind."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from .._base import State
+from .errors import ErrorReport
+
+
+class Mark(NamedTuple):
+    """The source's state right after the first `offset` items of a batch."""
+
+    offset: int
+    state: State
+
+
+class Batch(NamedTuple):
+    """Items of the source, in order, and at most one snapshot among them."""
+
+    items: list[Any]
+    mark: Mark | None
+
+
+class End(NamedTuple):
+    """The source ended; its final state."""
+
+    state: State
+
+
+class Failure(NamedTuple):
+    """The source raised: the exception (from a thread) or its report (from a process)."""
+
+    error: BaseException | ErrorReport
+
+
+Message = Batch | End | Failure
+
+
+class Task(NamedTuple):
+    """Items for a map worker; results come back under the same `number`."""
+
+    number: int
+    items: list[Any]
+
+
+class Result(NamedTuple):
+    """A map worker's outputs for task `number`: one per item up to the first failure."""
+
+    number: int
+    outputs: list[Any]
+    failure: BaseException | ErrorReport | None

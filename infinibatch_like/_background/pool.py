@@ -1,0 +1,251 @@
+"""The workers of a parallel map: processes or threads applying a transform to `Task`s,
+returning a `Result` per task (the outputs up to the first failure, and the failure)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import select
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from . import wire
+from .errors import ErrorReport, WorkerError, died, local_error, report_error
+from .lifecycle import (
+    JOIN_S,
+    POLL_S,
+    Resource,
+    get_context,
+    parent_alive,
+    start_process,
+    stop_process,
+    worker_setup,
+)
+from .messages import Result, Task
+
+
+def _apply(transform: Callable[[Any], Any], task: Task) -> tuple[list[Any], BaseException | None]:
+    outputs: list[Any] = []
+    try:
+        outputs.extend(map(transform, task.items))  # keeps the outputs before a failure
+    except Exception as error:
+        return outputs, error
+    return outputs, None
+
+
+class Pool(Resource):
+    """Workers applying a transform to tasks; `receive` returns any finished task's result."""
+
+    def submit(self, task: Task) -> None:
+        raise NotImplementedError
+
+    def receive(self) -> Result:
+        raise NotImplementedError
+
+
+# -- processes -----------------------------------------------------------------------------
+
+
+def _map_main(
+    payload: bytes | None,
+    transform: Callable[[Any], Any] | None,
+    tasks: Connection,
+    results: Connection,
+    parent: int,
+    where: str,
+) -> None:
+    """Entry point of a map worker process."""
+    worker_setup(parent, lambda: None)
+    if payload is not None:
+        transform = pickle.loads(payload)
+    assert transform is not None
+    reader, out = wire.FrameReader(tasks.fileno()), results.fileno()
+    while True:
+        frame = wire.read_until(reader, lambda: parent_alive(parent), 1.0, 0.0)
+        if frame is None:
+            return
+        task: Task | None = pickle.loads(frame)
+        if task is None:
+            return
+        outputs, error = _apply(transform, task)
+        failure: ErrorReport | None = None if error is None else report_error(error, where)
+        try:
+            data = pickle.dumps(Result(task.number, outputs, failure), wire.PROTOCOL)
+        except Exception as error:
+            failure = report_error(error, f"{where}, pickling the transform's outputs")
+            data = pickle.dumps(Result(task.number, [], failure), wire.PROTOCOL)
+        wire.write_frame(out, data)
+
+
+class _Sender:
+    """A thread of the consumer writing tasks to the workers' pipes, so that the consumer
+    never blocks on a busy worker's full pipe."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[tuple[int, bytes] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(
+            target=self._run, name=f"infinibatch_like.{name}.sender", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        get = self._queue.get
+        try:
+            while (entry := get()) is not None:
+                wire.write_frame(*entry)
+        except OSError:  # a worker is gone; the consumer notices it
+            pass
+
+    def send(self, fd: int, data: bytes) -> None:
+        self._queue.put((fd, data))
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join(JOIN_S)
+
+
+class ProcessPool(Pool):
+    """`num_processes` processes; a task goes to the one with the fewest unfinished tasks."""
+
+    def __init__(
+        self,
+        transform: Callable[[Any], Any],
+        num_processes: int,
+        name: str,
+        start_method: str | None,
+    ) -> None:
+        context = get_context(name, start_method)
+        method = context.get_start_method()
+        payload = None
+        if method != "fork":
+            payload = wire.dumps_for_worker(name, f"transform {transform!r}", transform, method)
+        super().__init__()
+        self._name = name
+        where = f"in a worker process of {name}, in its transform {transform!r}"
+        self._processes: list[BaseProcess] = []
+        self._pipes: list[Connection] = []  # the consumer's ends: tasks out, results in
+        self._readers: dict[int, wire.FrameReader] = {}  # result fd -> reader
+        self._task_fds: list[int] = []
+        self._unfinished: list[int] = []
+        self._worker_of: dict[int, int] = {}  # task number -> worker index
+        self._poll = select.poll()
+        self._sender = _Sender(name)
+        try:
+            for index in range(num_processes):
+                task_reader, task_writer = context.Pipe(duplex=False)
+                result_reader, result_writer = context.Pipe(duplex=False)
+                self._pipes += [task_writer, result_reader]
+                process: BaseProcess = context.Process(  # type: ignore[attr-defined]
+                    target=_map_main,
+                    args=(
+                        payload,
+                        None if payload is not None else transform,
+                        task_reader,
+                        result_writer,
+                        os.getpid(),
+                        where,
+                    ),
+                    name=f"infinibatch_like.{name}.worker-{index}",
+                    daemon=False,
+                )
+                try:
+                    start_process(process)
+                finally:
+                    task_reader.close()
+                    result_writer.close()
+                self._processes.append(process)
+                self._task_fds.append(task_writer.fileno())
+                self._readers[result_reader.fileno()] = wire.FrameReader(result_reader.fileno())
+                self._poll.register(result_reader.fileno(), select.POLLIN)
+                self._unfinished.append(0)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def submit(self, task: Task) -> None:
+        index = self._unfinished.index(min(self._unfinished))
+        self._unfinished[index] += 1
+        self._worker_of[task.number] = index
+        self._sender.send(self._task_fds[index], pickle.dumps(task, wire.PROTOCOL))
+
+    def receive(self) -> Result:
+        while True:
+            # Checked before every result: a dead worker may hold none of the tasks the
+            # consumer waits for, while the others keep everything flowing.
+            for process in self._processes:
+                if process.exitcode is not None:
+                    raise died(self._name, process.pid, process.exitcode)
+            for fd, _ in self._poll.poll(1000 * POLL_S):
+                try:
+                    frame = self._readers[fd].read(0)
+                except EOFError:
+                    continue  # the worker is gone: seen above
+                if frame is not None:
+                    result: Result = pickle.loads(frame)
+                    self._unfinished[self._worker_of.pop(result.number)] -= 1
+                    return result
+
+    def _shutdown(self) -> None:
+        for process in self._processes:
+            if process.exitcode is None:
+                process.terminate()
+        for process in self._processes:
+            stop_process(process)
+            process.close()
+        self._processes = []
+        self._sender.stop()
+        for pipe in self._pipes:
+            pipe.close()
+        self._pipes = []
+
+
+# -- threads -------------------------------------------------------------------------------
+
+
+class ThreadPool(Pool):
+    """`num_threads` threads, for transforms that release the GIL."""
+
+    def __init__(self, transform: Callable[[Any], Any], num_threads: int, name: str) -> None:
+        super().__init__()
+        self._name = name
+        self._tasks: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
+        self._results: queue.SimpleQueue[Result] = queue.SimpleQueue()
+        where = f"in a worker thread of {name}, in its transform {transform!r}"
+        self._threads = [
+            threading.Thread(
+                target=self._run,
+                args=(transform, where),
+                name=f"infinibatch_like.{name}.worker-{index}",
+                daemon=True,
+            )
+            for index in range(num_threads)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self, transform: Callable[[Any], Any], where: str) -> None:
+        while (task := self._tasks.get()) is not None:
+            outputs, error = _apply(transform, task)
+            failure = None if error is None else local_error(error, where)
+            self._results.put(Result(task.number, outputs, failure))
+
+    def submit(self, task: Task) -> None:
+        self._tasks.put(task)
+
+    def receive(self) -> Result:
+        while True:
+            try:
+                return self._results.get(True, POLL_S)
+            except queue.Empty:
+                if not all(thread.is_alive() for thread in self._threads):
+                    raise WorkerError(f"{self._name}: a worker thread stopped") from None
+
+    def _shutdown(self) -> None:
+        for _ in self._threads:
+            self._tasks.put(None)
+        for thread in self._threads:
+            thread.join()
