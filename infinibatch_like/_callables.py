@@ -180,10 +180,17 @@ def callable_origin(pipeline: object, error: BaseException) -> str | None:
     if not raisers:
         return None
     first = raisers[0]
-    name = _callable_name(first.function)
-    shared = f", used by {len(raisers)} stages," if len(raisers) > 1 else ""
-    item = "" if first.item is _NO_ITEM else f" on item {short_repr(first.item)}"
-    return f"by {first.stage._name}'s {first.param} {name}{shared}{item}"
+    return call_origin(first.stage._name, first.param, first.function, first.item, len(raisers))
+
+
+def call_origin(
+    stage: str, param: str, function: object, item: Any = _NO_ITEM, sharing: int = 1
+) -> str:
+    """``by MapIterator's transform parse on item 'x'``: the user function `function`, given
+    to `stage` as `param` (and to `sharing` stages in all), raised on `item`."""
+    shared = f", used by {sharing} stages," if sharing > 1 else ""
+    on_item = "" if item is _NO_ITEM else f" on item {short_repr(item)}"
+    return f"by {stage}'s {param} {_callable_name(function)}{shared}{on_item}"
 
 
 def callable_note(pipeline: object, error: BaseException) -> str | None:

@@ -133,10 +133,14 @@ def test_parallel_map_delivers_every_item_before_an_error_and_resumes_at_it(
         pipeline = mapper(it.MapIterator(native(60), same), failing, mode, method)
     with pipeline:
         got: list[Any] = []
-        with pytest.raises(ValueError, match="bad item 23"):
+        with pytest.raises(ValueError, match="bad item 23") as raised:
             drain(pipeline, got)
         assert got == list(range(23))
         state = json.loads(json.dumps(pipeline.getstate()))
+    notes = getattr(raised.value, "__notes__", [])
+    assert len(notes) == 1, notes
+    stage = "MapIterator" if where == "source" else "ParallelMapIterator"
+    assert notes[0].startswith(f"(raised by {stage}'s transform partial(fail_at) on item 23")
     with mapper(it.MapIterator(native(60), same), same, "process", None) as healed:
         healed.setstate(state)
         assert list(healed) == list(range(23, 60))

@@ -13,6 +13,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from .._callables import call_origin
 from . import wire
 from .errors import ErrorReport, WorkerError, died, local_error, report_error
 from .lifecycle import (
@@ -28,13 +29,18 @@ from .lifecycle import (
 from .messages import Result, Task
 
 
-def _apply(transform: Callable[[Any], Any], task: Task) -> tuple[list[Any], BaseException | None]:
+def _apply(
+    transform: Callable[[Any], Any], task: Task, owner: str
+) -> tuple[list[Any], BaseException | None, str]:
+    """The outputs of `transform` over the task's items, up to an error if one is raised;
+    the error, and which call raised it (e.g. ``by ParallelMapIterator's transform f on
+    item 7``)."""
     outputs: list[Any] = []
     try:
         outputs.extend(map(transform, task.items))  # keeps the outputs before a failure
     except Exception as error:
-        return outputs, error
-    return outputs, None
+        return outputs, error, call_origin(owner, "transform", transform, task.items[len(outputs)])
+    return outputs, None, ""
 
 
 class Pool(Resource):
@@ -56,9 +62,10 @@ def _map_main(
     tasks: Connection,
     results: Connection,
     parent: int,
+    owner: str,
     where: str,
 ) -> None:
-    """Entry point of a map worker process."""
+    """Entry point of a map worker process of `owner` (the stage's name)."""
     worker_setup(parent, lambda: None)
     if payload is not None:
         transform = pickle.loads(payload)
@@ -71,8 +78,10 @@ def _map_main(
         task: Task | None = pickle.loads(frame)
         if task is None:
             return
-        outputs, error = _apply(transform, task)
-        failure: ErrorReport | None = None if error is None else report_error(error, where)
+        outputs, error, origin = _apply(transform, task, owner)
+        failure: ErrorReport | None = None
+        if error is not None:
+            failure = report_error(error, f"{origin}, {where}")
         try:
             data = pickle.dumps(Result(task.number, outputs, failure), wire.PROTOCOL)
         except Exception as error:
@@ -125,7 +134,7 @@ class ProcessPool(Pool):
             payload = wire.dumps_for_worker(name, f"transform {transform!r}", transform, method)
         super().__init__()
         self._name = name
-        where = f"in a worker process of {name}, in its transform {transform!r}"
+        where = f"in a worker process of {name}"
         self._processes: list[BaseProcess] = []
         self._pipes: list[Connection] = []  # the consumer's ends: tasks out, results in
         self._readers: dict[int, wire.FrameReader] = {}  # result fd -> reader
@@ -147,6 +156,7 @@ class ProcessPool(Pool):
                         task_reader,
                         result_writer,
                         os.getpid(),
+                        name,
                         where,
                     ),
                     name=f"infinibatch_like.{name}.worker-{index}",
@@ -214,11 +224,10 @@ class ThreadPool(Pool):
         self._name = name
         self._tasks: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
         self._results: queue.SimpleQueue[Result] = queue.SimpleQueue()
-        where = f"in a worker thread of {name}, in its transform {transform!r}"
         self._threads = [
             threading.Thread(
                 target=self._run,
-                args=(transform, where),
+                args=(transform,),
                 name=f"infinibatch_like.{name}.worker-{index}",
                 daemon=True,
             )
@@ -227,10 +236,11 @@ class ThreadPool(Pool):
         for thread in self._threads:
             thread.start()
 
-    def _run(self, transform: Callable[[Any], Any], where: str) -> None:
+    def _run(self, transform: Callable[[Any], Any]) -> None:
+        where = f"in a worker thread of {self._name}"
         while (task := self._tasks.get()) is not None:
-            outputs, error = _apply(transform, task)
-            failure = None if error is None else local_error(error, where)
+            outputs, error, origin = _apply(transform, task, self._name)
+            failure = None if error is None else local_error(error, f"{origin}, {where}")
             self._results.put(Result(task.number, outputs, failure))
 
     def submit(self, task: Task) -> None:
