@@ -86,6 +86,8 @@ def assert_checkpointable(
             states must not fit the pipelines of `factory` (C10); None skips the check.
         check_damage: restore damaged states (C11).
         deadline: seconds that a restore of one damaged state and the next items may take.
+            A restore that overruns it is left running in a daemon thread (Python cannot
+            stop a thread), so a hang found this way can slow the rest of a test session.
         user_data_keys: state keys whose values are the user's data (items held, recurrent
             states), handed to user code as they are: C11 does not damage them.
 
