@@ -12,7 +12,6 @@ import infinibatch_like.iterators as it
 from infinibatch_like._base import Stage
 from infinibatch_like.testing import ContractViolation, assert_checkpointable
 
-
 HANGING = threading.Event()
 """Released at the end of each test: the "hang" flaw's restores wait for it (they must not
 keep running, or spinning, after the checker gave up on them)."""
