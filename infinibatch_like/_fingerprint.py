@@ -2,10 +2,11 @@
 
 A state records its stage's arguments (contract C10) so that a state is refused by a
 pipeline built over another list. Lists are not stored: a fingerprint is the length and
-a 64-bit hash of a stable encoding of the items (str, bytes, numbers, None, paths and
-tuples or lists of these by value; any other item by its type only, since its ``repr``
-may hold a memory address). It is computed once, about 0.15 s for 10**6 file names;
-longer lists are hashed at a stride of at most 2**20 items.
+a 64-bit hash of a stable encoding of the items (str, bytes, numbers, None and paths by
+value; a tuple or list by its length and first 8 elements, two levels deep; any other
+item by its type only, since its ``repr`` may hold a memory address). It is computed
+once, about 0.15 s for 10**6 file names; longer lists are hashed at a stride, at most
+2**20 items (2**14 where the items are tuples or lists, e.g. in-memory token lists).
 """
 
 from __future__ import annotations
@@ -17,13 +18,19 @@ from typing import Any
 
 _BY_VALUE = (str, bytes, int, float, bool, type(None))
 _MOST_HASHED = 1 << 20
+_MOST_NESTED = 1 << 14
+_NESTED_HEAD = 8
+"""A tuple or list item is encoded by its length and its first elements only, so that the
+cost stays bounded for in-memory data (e.g. a million token lists)."""
+_NESTED_DEPTH = 2
 
 
 def items_fingerprint(items: Sequence[Any]) -> str:
     """``"<length> items #<hash>"``, equal for equal lists on every machine and run."""
     if isinstance(items, range):
         return repr(items)
-    stride = max(1, len(items) // _MOST_HASHED)
+    nested = len(items) > 0 and type(items[0]) in (tuple, list)
+    stride = max(1, len(items) // (_MOST_NESTED if nested else _MOST_HASHED))
     hashed = items if stride == 1 else items[::stride]
     digest = hashlib.blake2b(digest_size=8)
     digest.update("\x1f".join(map(_encoded, hashed)).encode("utf-8", "surrogatepass"))
@@ -35,12 +42,15 @@ def described(value: object) -> str | None:
     return None if value is None else "callable"
 
 
-def _encoded(item: Any) -> str:
+def _encoded(item: Any, depth: int = 0) -> str:
     kind = type(item)
     if kind is str:
         return item  # type: ignore[no-any-return]
     if kind in _BY_VALUE or isinstance(item, PurePath):
         return repr(item)
     if kind is tuple or kind is list:
-        return "(" + ",".join(map(_encoded, item)) + ")"
+        if depth >= _NESTED_DEPTH:
+            return f"({len(item)})"
+        head = item[:_NESTED_HEAD]
+        return f"({len(item)}:" + ",".join(_encoded(part, depth + 1) for part in head) + ")"
     return f"<{kind.__module__}.{kind.__qualname__}>"
