@@ -41,41 +41,32 @@ def test_torch_extra_declares_what_infinibatch_like_torch_imports() -> None:
     assert {"torch", "numpy"} <= _extra_requirements("torch")
 
 
-def test_torch_subpackage_imports_without_numpy_and_names_the_extra(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("missing", "name", "feature"),
+    [
+        ("numpy", "pad_batch", "infinibatch_like.torch.pad_batch"),
+        ("torch", "CheckpointableDataset", "infinibatch_like.torch.CheckpointableDataset"),
+    ],
+)
+def test_torch_subpackage_imports_without_its_extra_and_names_it(
+    missing: str, name: str, feature: str, tmp_path: Path
+) -> None:
     proc = _python(
-        """
+        f"""
         import sys
-        sys.modules["numpy"] = None  # as if numpy were not installed
+        sys.modules[{missing!r}] = None  # as if it were not installed
         import infinibatch_like.torch
         try:
-            infinibatch_like.torch.pad_batch
+            infinibatch_like.torch.{name}
         except ModuleNotFoundError as error:
             print(error)
         else:
-            raise SystemExit("pad_batch imported without numpy")
+            raise SystemExit("{name} imported without {missing}")
         """,
         tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "infinibatch_like.torch.pad_batch needs the package 'numpy'" in proc.stdout
-    assert "pip install 'infinibatch_like[torch]'" in proc.stdout
-
-
-def test_missing_torch_names_the_extra(tmp_path: Path) -> None:
-    proc = _python(
-        """
-        import sys
-        sys.modules["torch"] = None  # as if torch were not installed
-        import infinibatch_like.torch
-        try:
-            infinibatch_like.torch.CheckpointableDataset
-        except ModuleNotFoundError as error:
-            print(error)
-        """,
-        tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "CheckpointableDataset needs the package 'torch'" in proc.stdout
+    assert f"{feature} needs the package {missing!r}" in proc.stdout
     assert "pip install 'infinibatch_like[torch]'" in proc.stdout
 
 
