@@ -24,17 +24,24 @@ def _extra_requirements(extra: str) -> set[str]:
     return names
 
 
-def _python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`args` run by this Python in `cwd`, seeing only the installed package (not the
+    repository through PYTHONPATH or MYPYPATH)."""
+    hidden = ("PYTHONPATH", "MYPYPATH")
+    env = {key: value for key, value in os.environ.items() if key not in hidden}
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, *args],
         cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         check=False,
     )
+
+
+def _python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return _run(["-c", textwrap.dedent(code)], cwd, 120)
 
 
 def test_torch_extra_declares_what_infinibatch_like_torch_imports() -> None:
@@ -97,18 +104,8 @@ def test_type_checkers_see_the_installed_package(tmp_path: Path) -> None:
             """
         )
     )
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "MYPYPATH")}
-
     def mypy(name: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "mypy", "--strict", "--no-incremental", name],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=200,
-            check=False,
-        )
+        return _run(["-m", "mypy", "--strict", "--no-incremental", name], tmp_path, 200)
 
     good = mypy("good.py")
     assert good.returncode == 0, good.stdout + good.stderr
