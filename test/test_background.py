@@ -257,6 +257,37 @@ def test_parallel_map_worker_killed_while_sending_megabytes_gives_worker_error(
     assert not children()
 
 
+def megabyte_sigterm_blocked(x: int) -> Any:
+    """1 MB items, from a worker whose main thread (like one where a library blocked
+    signals) cannot take SIGTERM: the signal lands on another of its threads."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    return megabyte(x)
+
+
+def _prefetched_megabytes(method: str) -> Any:
+    source = it.MapIterator(native(10_000), megabyte_sigterm_blocked)
+    return it.PrefetchIterator(source, 2, start_method=method)
+
+
+def _parallel_megabytes(method: str) -> Any:
+    source = native(10_000)
+    return it.ParallelMapIterator(source, megabyte_sigterm_blocked, 2, 2, start_method=method)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("build", [_prefetched_megabytes, _parallel_megabytes])
+def test_close_stops_workers_blocked_writing_whatever_thread_gets_the_sigterm(
+    method: str, build: Callable[[str], Any]
+) -> None:
+    pipeline = build(method)
+    assert next(pipeline)[0] == 0
+    time.sleep(0.5)  # the workers fill their pipes, then block writing the next result
+    started = time.monotonic()
+    pipeline.close()
+    assert time.monotonic() - started < 2, "close() waited for the workers' stop timeout"
+    assert not children()
+
+
 _SIGTERMED = """
 import signal, sys, time
 sys.path.insert(0, {repo!r})

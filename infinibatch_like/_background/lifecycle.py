@@ -15,9 +15,9 @@ import logging
 import multiprocessing
 import multiprocessing.util
 import os
+import select
 import signal
 import threading
-import time
 from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
@@ -166,21 +166,29 @@ def parent_alive(parent: int) -> bool:
 
 def worker_setup(parent: int, on_exit: Callable[[], None]) -> None:
     """What a worker process does first: leave Ctrl-C to its consumer, and run `on_exit`
-    then exit at once on SIGTERM or when `parent` is gone (checked every `PARENT_CHECK_S`)."""
+    then exit at once on SIGTERM or when `parent` is gone (checked every `PARENT_CHECK_S`).
+
+    Both are watched by a thread of its own. A SIGTERM reaches it through the signal
+    wakeup descriptor, whichever thread the signal lands on: a handler would run only in
+    the main thread, and only once that thread returns from what blocks it (e.g. writing
+    a result to a full pipe), which a signal taken by another thread does not interrupt."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    wakeup_reader, wakeup_writer = os.pipe()
+    os.set_blocking(wakeup_writer, False)
+    signal.set_wakeup_fd(wakeup_writer, warn_on_full_buffer=False)
+    signal.signal(signal.SIGTERM, lambda *_: None)  # taken by the watch thread
+    signals = select.poll()
+    signals.register(wakeup_reader, select.POLLIN)
     ppid = os.getppid()
 
-    def leave(*_: object) -> None:
-        # Exit right here: unwinding from an arbitrary point could leave a lock held.
+    def watch() -> None:
+        while os.getppid() == ppid and parent_alive(parent):
+            if signals.poll(1000 * PARENT_CHECK_S) and signal.SIGTERM in os.read(wakeup_reader, 64):
+                break
+        # Exit right here: unwinding the main thread could leave a lock held.
         try:
             on_exit()
         finally:
             os._exit(0)
 
-    def watch() -> None:
-        while os.getppid() == ppid and parent_alive(parent):
-            time.sleep(PARENT_CHECK_S)
-        leave()
-
-    signal.signal(signal.SIGTERM, leave)
     threading.Thread(target=watch, name="infinibatch_like.parent-watch", daemon=True).start()
