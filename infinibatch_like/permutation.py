@@ -40,9 +40,14 @@ class IndexPermutation:
     ``size - 1``, at least 2) in which each round replaces one part by itself xor a keyed
     64-bit mix of the other part, and cycle-walking: a value ``>= size`` is put through
     the network again until it falls in ``range(size)``, which keeps the map a bijection
-    (on average fewer than two passes, as ``2**bits < 2 * size``). The round keys are
-    64-bit words derived from `key` with SHAKE-256. Costs a few microseconds per index and
-    a few hundred bytes, whatever `size`.
+    (on average fewer than two passes for sizes from 3, as ``2**bits < 2 * size``). The
+    round keys are 64-bit words derived from `key` with SHAKE-256. Costs a few
+    microseconds per index and a few hundred bytes, whatever `size`.
+
+    Args:
+        size: the number of indices, 1 <= size <= 2**64 (not checked here: see
+            `PermutationSourceIterator`).
+        key: any bytes; equal keys give equal permutations (see `epoch_key`).
     """
 
     def __init__(self, size: int, key: bytes) -> None:
