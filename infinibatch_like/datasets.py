@@ -12,7 +12,7 @@ from .flatten import SelectManyIterator
 from .mapping import MapIterator
 from .prefetch import PrefetchIterator
 from .shuffle import BlockwiseShuffleIterator, BufferedShuffleIterator
-from .sources import check_rank, create_source_iterator
+from .sources import EVALUATION_HAS_NO_EPOCHS, check_epochs, check_rank, create_source_iterator
 
 _OWNER = "chunked_dataset_iterator"
 
@@ -40,6 +40,7 @@ def chunked_dataset_iterator(
     instance_rank: int = 0,
     *,
     read_ahead_chunks: int = 0,
+    epochs: int | None = None,
 ) -> CheckpointableIterator[Any]:
     """Items of a corpus split into chunks (e.g. files), read chunk by chunk and shuffled.
 
@@ -52,6 +53,16 @@ def chunked_dataset_iterator(
     `buffer_size` items (a `BufferedShuffleIterator` if `use_windowed`) seeded with
     ``bump_seed(seed)``, and with `transform` a `MapIterator`.
 
+    With ``epochs=n`` (training only) the stream ends after n passes over the chunks,
+    each in a fresh permutation: exactly the first n passes of the endless stream with the
+    same arguments. Each rank reads the same chunks, in the same order, as the first part
+    of its endless stream: from every pass, the chunks at the positions congruent to its
+    rank modulo `num_instances` (so the ranks' shares of each pass are disjoint, cover all
+    chunks and differ by at most one chunk). The items are those of the endless stream
+    except the last at most `buffer_size`: the last, shorter shuffle block is shuffled on
+    its own (with `use_windowed`, the buffer is emptied when the chunks end). Over all
+    ranks, the stream holds every item of the corpus exactly n times.
+
     With `prefetch`, a `PrefetchIterator` of `buffer_size` items (a worker process) reads
     the chunks and runs the blockwise shuffle ahead of the consumer, so that a restore
     sends only the items the consumer takes, not a whole block. With `use_windowed` it
@@ -60,24 +71,31 @@ def chunked_dataset_iterator(
 
     Raises:
         TypeError, ValueError: for a bad argument, naming it (e.g. an empty `chunk_refs` in
-            training, or a `read_chunk_fn` that is not callable).
-        ValueError: from ``next()``, in training, once every chunk this rank can read has
-            turned out empty (the endless passes would never yield an item). With
+            training, a `read_chunk_fn` that is not callable, `epochs` that is not an int
+            >= 1, or `epochs` with ``train=False``, whose stream is one pass already).
+        ValueError: from ``next()``, in endless training, once every chunk this rank can
+            read has turned out empty (the endless passes would never yield an item). With
             ``shuffle=False`` a rank reads a fixed strided subset of the chunks; with
-            shuffling, every chunk in time.
+            shuffling, every chunk in time. With `epochs`, such a stream just ends.
         TypeError: from ``next()``, if `read_chunk_fn` returns a str or bytes.
         Exception: whatever reading a chunk raises, with a note naming the chunk; the
             items before it are delivered and the state points at the failing item.
 
     Checkpoint:
         That of the composed chain: constant size (no items unless `use_windowed`); a
-        restore re-reads the current chunk and, with shuffling, the current block.
+        restore re-reads the current chunk and, with shuffling, the current block. With
+        `epochs`, the same states as the endless stream (a state taken at or after the end
+        restores to the end); `epochs` is recorded in the source's fingerprint, so a state
+        taken with another `epochs` (or an endless one) is refused, naming it.
     """
     _check_arguments(
         chunk_refs, read_chunk_fn, buffer_size, train, seed, shuffle, transform, prefetch
     )
     check_rank(_OWNER, num_instances, instance_rank)
     require_int(_OWNER, "read_ahead_chunks", read_ahead_chunks, 0)
+    check_epochs(_OWNER, epochs)
+    if not train and epochs is not None:
+        raise ValueError(f"{_OWNER}: {EVALUATION_HAS_NO_EPOCHS}, got epochs={epochs!r}")
     samples: CheckpointableIterator[Any] = SelectManyIterator(
         create_source_iterator(
             chunk_refs,
@@ -86,12 +104,13 @@ def chunked_dataset_iterator(
             shuffle=shuffle,
             num_instances=num_instances,
             instance_rank=instance_rank,
+            epochs=epochs,
         ),
         read_chunk_fn,
         read_ahead=read_ahead_chunks,
         selector_name=f"{_OWNER}'s read_chunk_fn",
         on_empty=_EmptyCorpusCheck(chunk_refs, shuffle, num_instances, instance_rank)
-        if train
+        if train and epochs is None
         else None,
     )
     if prefetch and use_windowed:

@@ -41,6 +41,7 @@ from .flatten import SelectManyIterator
 from .mapping import MapIterator, SamplingRandomMapIterator
 from .multiplex import MultiplexIterator, MultiplexSourceExhaustedError, ZipIterator
 from .parallel import ParallelMapIterator
+from .permutation import PermutationSourceIterator
 from .prefetch import PrefetchIterator
 from .recurrent import RecurrentIterator
 from .shuffle import BlockwiseShuffleIterator, BufferedShuffleIterator
@@ -86,6 +87,7 @@ __all__ = [
     "MultiplexIterator",
     "NativeCheckpointableIterator",
     "ParallelMapIterator",
+    "PermutationSourceIterator",
     "PrefetchIterator",
     "RandomIterator",
     "RecurrentIterator",

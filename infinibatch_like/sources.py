@@ -134,20 +134,30 @@ class InfinitePermutationSourceIterator(Stage[T]):
     original order); rank r takes positions r, r + n, r + 2n, ... of that stream. With
     ``shuffle=False`` each pass is the list in order (a strided cycle).
 
+    With ``epochs=k`` the stream ends after the first k passes: rank r takes the same
+    positions below ``k * len(source_items)``, so its stream is a prefix of its endless
+    one. From every pass each rank takes the positions congruent to r modulo n: the ranks'
+    shares of a pass are disjoint, cover it and differ in size by at most one (the rank
+    with the extra item rotates from pass to pass when n does not divide the length).
+
     Args:
         source_items: the items (e.g. chunk file names); must not be empty.
         seed: seed of the shuffles; None draws one (kept in checkpoints).
         shuffle: reshuffle before each pass.
         num_instances: the number of ranks (>= 1).
         instance_rank: this rank (0 <= instance_rank < num_instances).
+        epochs: None for endless passes, or the number of passes (>= 1) before the stream
+            ends.
 
     Checkpoint:
         ``{"seed", "position", "draws", "generator", "fingerprint"}``: the next position in
         the concatenated stream and the generator position before the current pass's
         shuffle (see `infinibatch_like._rng`), and a fingerprint of `source_items`,
-        `shuffle`, `num_instances` and `instance_rank`, which cannot change at a restart
-        (a state taken with other values is refused). Constant size; a restore redraws at
-        most 2**24 words (C speed) and shuffles one copy of the list.
+        `shuffle`, `num_instances`, `instance_rank` and `epochs`, which cannot change at a
+        restart (a state taken with other values is refused). Constant size; a restore
+        redraws at most 2**24 words (C speed) and shuffles one copy of the list. At the end
+        of an `epochs` stream the position is this rank's first one past the last pass, and
+        a restore from there is exhausted at once.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
@@ -163,15 +173,18 @@ class InfinitePermutationSourceIterator(Stage[T]):
         shuffle: bool = True,
         num_instances: int = 1,
         instance_rank: int = 0,
+        *,
+        epochs: int | None = None,
     ) -> None:
+        owner = "InfinitePermutationSourceIterator"
         if len(source_items) == 0:
-            raise ValueError("InfinitePermutationSourceIterator: source_items must not be empty")
-        self._num_instances, self._instance_rank = check_rank(
-            "InfinitePermutationSourceIterator", num_instances, instance_rank
-        )
+            raise ValueError(f"{owner}: source_items must not be empty")
+        self._num_instances, self._instance_rank = check_rank(owner, num_instances, instance_rank)
+        self._epochs = check_epochs(owner, epochs)
         self._items = list(source_items)
+        self._end = None if epochs is None else epochs * len(self._items)
         self._shuffle = bool(shuffle)
-        self._seed, self._seed_drawn = resolve_seed("InfinitePermutationSourceIterator", seed)
+        self._seed, self._seed_drawn = resolve_seed(owner, seed)
         self._restore(None)
 
     def _arguments(self) -> State:
@@ -180,6 +193,7 @@ class InfinitePermutationSourceIterator(Stage[T]):
             "shuffle": self._shuffle,
             "num_instances": self._num_instances,
             "instance_rank": self._instance_rank,
+            "epochs": self._epochs,
         }
 
     def _state(self) -> State:
@@ -188,15 +202,14 @@ class InfinitePermutationSourceIterator(Stage[T]):
     def _restore(self, state: State | None) -> None:
         if state is None:
             position = self._instance_rank
-            mark = self._mark_before_pass(position // len(self._items))
+            passes = position // len(self._items)  # that this rank skips before its first
+            if self._epochs is not None:
+                passes = min(passes, self._epochs)
+            mark = self._mark_before_pass(passes)
         else:
             self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
             position = state["position"]
-            if position < 0 or position % self._num_instances != self._instance_rank:
-                raise self.mismatch(
-                    f"position {position} does not fit rank {self._instance_rank} of "
-                    f"{self._num_instances}"
-                )
+            check_position(self, position, self._num_instances, self._instance_rank, self._end)
             mark = read_mark(self, state["draws"], state["generator"])
         self._position, self._mark = position, mark
         self._iterator = self._generate(position, mark)
@@ -210,7 +223,7 @@ class InfinitePermutationSourceIterator(Stage[T]):
         return rng.mark()
 
     def _generate(self, position: int, mark: Mark) -> Iterator[T]:
-        items, stride = self._items, self._num_instances
+        items, stride, end = self._items, self._num_instances, self._end
         length = len(items)
         rng = CountingRandom.from_mark(self._seed, mark)
         pass_start = position - position % length
@@ -222,16 +235,21 @@ class InfinitePermutationSourceIterator(Stage[T]):
             rng.shuffle(order)
             return order
 
-        current = permutation()
-        while True:
-            item = current[position - pass_start]
-            position += stride
-            while position - pass_start >= length:
-                pass_start += length
-                mark = rng.mark()
-                current = permutation()
-            self._position, self._mark = position, mark
-            yield item
+        while end is None or pass_start < end:
+            current = permutation()
+            offsets = range(position - pass_start, length, stride)
+            following = pass_start + offsets[-1] + stride  # this rank's first in a later pass
+            next_start = following - following % length
+            stop = next_start if end is None else min(next_start, end)
+            for _ in range((stop - pass_start) // length - 1):  # passes this rank skips
+                permutation()
+            next_mark = rng.mark()
+            for offset in offsets[:-1]:
+                self._position = pass_start + offset + stride
+                yield current[offset]
+            self._position, self._mark = following, next_mark
+            yield current[offsets[-1]]
+            position, pass_start = following, next_start
 
 
 class RandomIterator(Stage[float]):
@@ -284,16 +302,21 @@ def create_source_iterator(
     shuffle: bool = True,
     num_instances: int = 1,
     instance_rank: int = 0,
+    *,
+    epochs: int | None = None,
 ) -> Stage[T]:
-    """The source for training (endless reshuffled passes) or evaluation (one ordered pass).
+    """The source for training (reshuffled passes) or evaluation (one ordered pass).
 
-    ``train=True`` gives an `InfinitePermutationSourceIterator` with ranks strided;
-    ``train=False`` gives a `ChunkedSourceIterator` with contiguous rank shares and needs
-    ``shuffle=False``.
+    ``train=True`` gives an `InfinitePermutationSourceIterator` with ranks strided, endless
+    or, with ``epochs=n``, ending after n passes; ``train=False`` gives a
+    `ChunkedSourceIterator` with contiguous rank shares and needs ``shuffle=False`` and
+    ``epochs=None``.
 
     Raises:
-        ValueError: for ``train=False, shuffle=True`` and for a bad rank.
+        ValueError: for ``train=False`` with ``shuffle=True`` or with `epochs`, and for a
+            bad rank or `epochs`.
     """
+    owner = "create_source_iterator"
     if train:
         return InfinitePermutationSourceIterator(
             source_items,
@@ -301,12 +324,21 @@ def create_source_iterator(
             shuffle=shuffle,
             num_instances=num_instances,
             instance_rank=instance_rank,
+            epochs=epochs,
         )
     if shuffle:
-        raise ValueError("create_source_iterator: shuffle=True is not supported when train=False")
+        raise ValueError(f"{owner}: shuffle=True is not supported when train=False")
+    if epochs is not None:
+        raise ValueError(f"{owner}: {EVALUATION_HAS_NO_EPOCHS}, got epochs={epochs!r}")
     return ChunkedSourceIterator(
         source_items, num_instances=num_instances, instance_rank=instance_rank
     )
+
+
+EVALUATION_HAS_NO_EPOCHS = (
+    "epochs applies to training streams (train=True); with train=False the stream is one "
+    "ordered pass over this rank's contiguous share of the items, so leave epochs=None"
+)
 
 
 def check_rank(owner: str, num_instances: int, instance_rank: int) -> tuple[int, int]:
@@ -317,3 +349,30 @@ def check_rank(owner: str, num_instances: int, instance_rank: int) -> tuple[int,
             f"{owner}: instance_rank must be < num_instances ({num_instances}), got {instance_rank}"
         )
     return num_instances, instance_rank
+
+
+def check_epochs(owner: str, epochs: int | None) -> int | None:
+    """`epochs` if it is None or an int >= 1, else a TypeError/ValueError naming `owner`."""
+    return None if epochs is None else require_int(owner, "epochs", epochs, 1)
+
+
+def rank_end(end: int, num_instances: int, instance_rank: int) -> int:
+    """The first position at or after `end` of the stream strided over ranks that rank
+    `instance_rank` takes: where its share of a stream of `end` positions stops."""
+    return end + (instance_rank - end) % num_instances
+
+
+def check_position(
+    stage: Stage[Any], position: int, num_instances: int, instance_rank: int, end: int | None
+) -> None:
+    """Refuse (a StateMismatchError) a restored `position` that rank `instance_rank` of
+    `num_instances` cannot reach in a stream of `end` positions (None: endless)."""
+    if position < 0 or position % num_instances != instance_rank:
+        raise stage.mismatch(
+            f"position {position} does not fit rank {instance_rank} of {num_instances}"
+        )
+    if end is not None and position > rank_end(end, num_instances, instance_rank):
+        raise stage.mismatch(
+            f"position {position} is past the end of the stream (this rank stops at "
+            f"position {rank_end(end, num_instances, instance_rank)})"
+        )

@@ -75,6 +75,15 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
                                                       instance_rank=3),
         lambda: it.InfinitePermutationSourceIterator(list(range(4)), shuffle=False,
                                                       num_instances=2, instance_rank=1),
+        lambda: it.InfinitePermutationSourceIterator(list(range(7)), seed=3, num_instances=3,
+                                                      instance_rank=2, epochs=4),
+    ],
+    "PermutationSourceIterator": [
+        lambda: it.PermutationSourceIterator(30, seed=3),
+        lambda: it.PermutationSourceIterator(7, seed="s", epochs=3, num_instances=2,
+                                              instance_rank=1),
+        lambda: it.PermutationSourceIterator(3, seed=1, epochs=2, num_instances=5,
+                                              instance_rank=4),
     ],
     "RandomIterator": [lambda: it.RandomIterator(seed=5)],
     "SelectManyIterator": [
@@ -166,6 +175,14 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
                                          shuffle=False, num_instances=2, instance_rank=1),
         lambda: chunked_dataset_iterator(list(range(9)), read_chunk, buffer_size=4, seed=3,
                                          prefetch=True),
+        lambda: chunked_dataset_iterator(list(range(9)), read_chunk, buffer_size=5, seed=2,
+                                         epochs=2),
+        lambda: chunked_dataset_iterator(list(range(9)), read_chunk, buffer_size=4, seed=2,
+                                         epochs=3, use_windowed=True, transform=str.upper,
+                                         read_ahead_chunks=2, num_instances=2, instance_rank=1),
+        lambda: chunked_dataset_iterator(list(range(9)), read_chunk, buffer_size=4, seed=3,
+                                         epochs=2, prefetch=True, num_instances=3,
+                                         instance_rank=2),
     ],
 }
 
@@ -186,6 +203,13 @@ DIFFERENT: dict[str, Callable[[], CheckpointableIterator[Any]]] = {
     ),
     "InfinitePermutationSourceIterator-3": lambda: it.InfinitePermutationSourceIterator(
         list(range(4)), shuffle=True, num_instances=2, instance_rank=1
+    ),
+    "InfinitePermutationSourceIterator-4": lambda: it.InfinitePermutationSourceIterator(
+        list(range(7)), seed=3, num_instances=3, instance_rank=2, epochs=3
+    ),
+    "PermutationSourceIterator-0": lambda: it.PermutationSourceIterator(31, seed=3),
+    "PermutationSourceIterator-1": lambda: it.PermutationSourceIterator(
+        7, seed="s", epochs=2, num_instances=2, instance_rank=1
     ),
     "RandomIterator-0": lambda: it.RandomIterator(seed=6),
     "SelectManyIterator-0": lambda: it.SelectManyIterator(
@@ -216,6 +240,9 @@ DIFFERENT: dict[str, Callable[[], CheckpointableIterator[Any]]] = {
     ),
     "chunked_dataset_iterator-0": lambda: chunked_dataset_iterator(
         list(range(9))[::-1], read_chunk, buffer_size=5, seed=2
+    ),
+    "chunked_dataset_iterator-4": lambda: chunked_dataset_iterator(
+        list(range(9)), read_chunk, buffer_size=5, seed=2
     ),
     "chunked_dataset_iterator-2": lambda: chunked_dataset_iterator(
         list(range(9)), read_chunk, buffer_size=4, train=False, shuffle=False, num_instances=3,

@@ -449,6 +449,51 @@ def test_chunked_dataset_iterator_eval(
     check(make, data)
 
 
+@DIFF
+@given(
+    chunks=chunk_lists(min_chunk_size=1, min_chunks=1),
+    buffer_size=st.integers(1, 20),
+    seed=seeds,
+    shuffle=st.booleans(),
+    use_windowed=st.booleans(),
+    epochs=st.integers(1, 3),
+    data=st.data(),
+)
+def test_chunked_dataset_iterator_epochs_is_infinibatchs_stream_until_its_last_buffer(
+    chunks: list[list[int]],
+    buffer_size: int,
+    seed: int,
+    shuffle: bool,
+    use_windowed: bool,
+    epochs: int,
+    data: st.DataObject,
+) -> None:
+    """epochs=n: the chunks of infinibatch's endless stream up to n passes, and its items
+    up to the last shuffle buffer (which is emptied, or shuffled short, at the end)."""
+    n, rank = draw_rank(data, len(chunks) + 3)
+    rank_args = dict(num_instances=n, instance_rank=rank)
+    refs = list(range(len(chunks)))
+    chunk_count = len(range(rank, epochs * len(chunks), n))
+    oracle_chunks = take(ib.create_source_iterator(refs, seed=seed, shuffle=shuffle, **rank_args),
+                         chunk_count)  # fmt: skip
+    our_chunks = il.create_source_iterator(refs, seed=seed, shuffle=shuffle, epochs=epochs,
+                                           **rank_args)  # fmt: skip
+    assert_same_items(oracle_chunks, list(our_chunks), "chunks")
+
+    kwargs = dict(buffer_size=buffer_size, seed=seed, shuffle=shuffle, use_windowed=use_windowed,
+                  **rank_args)  # fmt: skip
+    ours = list(ild.chunked_dataset_iterator(refs, chunks.__getitem__, epochs=epochs, **kwargs))
+    assert sorted(ours) == sorted(item for chunk in oracle_chunks for item in chunks[chunk])
+    oracle = take(ibd.chunked_dataset_iterator(refs, chunks.__getitem__, **kwargs), len(ours))
+    if not shuffle:
+        same = len(ours)
+    elif use_windowed:
+        same = max(0, len(ours) - buffer_size)
+    else:
+        same = len(ours) - len(ours) % buffer_size
+    assert_same_items(oracle[:same], ours[:same], "items")
+
+
 @given(seed=st.one_of(st.none(), st.integers(-(2**40), 2**40)), step=st.integers(-3, 5))
 def test_bump_seed(seed: int | None, step: int) -> None:
     assert ild.bump_seed(seed) == ibd.bump_seed(seed)

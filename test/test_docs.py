@@ -33,6 +33,7 @@ DOCS = REPO / "docs"
 RUNNABLE_PAGES = [
     "index.md",
     "howto/reading-chunks.md",
+    "howto/map-style.md",
     "howto/shuffling.md",
     "howto/batching.md",
     "howto/parallelism.md",
@@ -67,6 +68,7 @@ API_CONTENT = {
     "api/sources.md": [
         ("InfinitePermutationSourceIterator", "reshuffled before every pass"),
         ("NativeCheckpointableIterator", "re-iterable collection"),
+        ("PermutationSourceIterator", "in constant memory"),
     ],
     "api/flatten-mapping.md": [("SelectManyIterator", "a flat-map"), ("MapIterator", "")],
     "api/shuffle.md": [

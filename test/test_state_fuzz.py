@@ -78,6 +78,13 @@ PIPELINES: list[Callable[[], it.CheckpointableIterator[Any]]] = [
     lambda: it.WeightedMultiplexIterator(
         [native(20), native(15), native(5)], [1, 2, 1], exact=True, stop_on="first_exhausted"
     ),
+    lambda: chunked_dataset_iterator(
+        list(range(10)), read_chunk, buffer_size=5, seed=1, epochs=2, num_instances=2,
+        instance_rank=1,
+    ),
+    lambda: it.FixedBatchIterator(
+        it.PermutationSourceIterator(50, seed=3, epochs=2, num_instances=3, instance_rank=2), 4
+    ),
 ]
 
 STAGE_NAMES = sorted(

@@ -139,10 +139,15 @@ def build_source(spec: tuple[Any, ...]) -> it.CheckpointableIterator[Any]:
     if kind == "squares":
         return it.NativeCheckpointableIterator(Squares(args[0]))
     if kind == "permutation":
-        items, seed, shuffle, num_instances, rank = args
+        items, seed, shuffle, num_instances, rank, epochs = args
         return it.InfinitePermutationSourceIterator(
             list(items), seed=seed, shuffle=shuffle, num_instances=num_instances,
-            instance_rank=rank,
+            instance_rank=rank, epochs=epochs,
+        )
+    if kind == "indices":
+        num_items, seed, num_instances, rank, epochs = args
+        return it.PermutationSourceIterator(
+            num_items, seed=seed, epochs=epochs, num_instances=num_instances, instance_rank=rank
         )
     if kind == "chunked":
         items, num_instances, rank = args
@@ -151,11 +156,11 @@ def build_source(spec: tuple[Any, ...]) -> it.CheckpointableIterator[Any]:
     if kind == "random":
         return it.RandomIterator(seed=args[0])
     if kind == "dataset":
-        chunks, buffer_size, train, seed, shuffle, use_windowed, transform, n, rank = args
+        chunks, buffer_size, train, seed, shuffle, use_windowed, transform, n, rank, epochs = args
         return chunked_dataset_iterator(
             list(range(len(chunks))), partial(read_chunk_from, chunks), buffer_size,
             train=train, seed=seed, shuffle=shuffle, use_windowed=use_windowed,
-            transform=transform, num_instances=n, instance_rank=rank,
+            transform=transform, num_instances=n, instance_rank=rank, epochs=epochs,
         )
     raise AssertionError(f"unknown source {kind}")
 
@@ -238,7 +243,8 @@ def ranks(draw: Any, most: int = 4) -> tuple[int, int]:
 
 
 def draw_source(draw: Any, drawn: Drawn, infinite_only: bool = False) -> tuple[Any, ...]:
-    kinds = ["permutation", "random", "dataset"]
+    kinds = ["permutation", "indices", "random", "dataset"]
+    epochs = st.none() if infinite_only else st.one_of(st.none(), st.integers(1, 3))
     if not infinite_only:
         kinds += ["native", "native", "squares", "chunked"]
     kind = draw(st.sampled_from(kinds))
@@ -252,12 +258,18 @@ def draw_source(draw: Any, drawn: Drawn, infinite_only: bool = False) -> tuple[A
     if kind == "permutation":
         items = tuple(draw(st.lists(st.integers(0, 40), min_size=1, max_size=12)))
         seed = seeds(draw, drawn)
-        return ("permutation", items, seed, draw(st.booleans()), *ranks(draw, most=5))
+        return ("permutation", items, seed, draw(st.booleans()), *ranks(draw, most=5),
+                draw(epochs))
+    if kind == "indices":
+        return ("indices", draw(st.integers(1, 30)), seeds(draw, drawn), *ranks(draw, most=5),
+                draw(epochs))
     if kind == "random":
         return ("random", seeds(draw, drawn))
     train = infinite_only or draw(st.booleans())
-    # Training mode is endless: every chunk has an item, else it could search forever.
-    chunk_sizes = draw(st.lists(st.integers(1 if train else 0, 4), min_size=1 if train else 0,
+    passes = draw(epochs) if train else None
+    # Endless training: every chunk has an item, else it could search forever.
+    endless = train and passes is None
+    chunk_sizes = draw(st.lists(st.integers(1 if endless else 0, 4), min_size=1 if train else 0,
                                 max_size=6))
     chunks = tuple(
         tuple(f"k{c}.{i}" for i in range(size)) for c, size in enumerate(chunk_sizes)
@@ -266,11 +278,16 @@ def draw_source(draw: Any, drawn: Drawn, infinite_only: bool = False) -> tuple[A
     seed = seeds(draw, drawn, allow_str=False) if train else draw(st.integers(0, 99))
     transform = draw(st.sampled_from([None, str.upper]))
     return ("dataset", chunks, draw(st.integers(1, 6)), train, seed, shuffle,
-            draw(st.booleans()), transform, *ranks(draw))
+            draw(st.booleans()), transform, *ranks(draw), passes)
 
 
 def source_infinite(spec: tuple[Any, ...]) -> bool:
-    return spec[0] in ("permutation", "random") or (spec[0] == "dataset" and spec[3])
+    """Whether the source spec's stream is endless (its epochs, the last field, None)."""
+    if spec[0] == "random":
+        return True
+    if spec[0] == "dataset":
+        return bool(spec[3]) and spec[-1] is None
+    return spec[0] in ("permutation", "indices") and spec[-1] is None
 
 
 STAGE_KINDS = [
