@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import socket
 from collections.abc import Iterator
 
 import aiohttp
@@ -54,7 +53,7 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
         (client_error("NoSuchKey", 404), None),
         (caused(FileNotFoundError("key"), client_error("NoSuchKey", 404)), None),
         (ConnectionResetError(errno.ECONNRESET, "reset"), "ConnectionResetError"),
-        (socket.timeout("timed out"), "TimeoutError"),
+        (TimeoutError("timed out"), "TimeoutError"),
         (aiohttp.ClientPayloadError("cut"), "ClientPayloadError"),
         (aiohttp.ServerDisconnectedError(), "ServerDisconnectedError"),
         (ReadTimeoutError(endpoint_url="http://x"), "ReadTimeoutError"),
