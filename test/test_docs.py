@@ -33,6 +33,7 @@ DOCS = REPO / "docs"
 RUNNABLE_PAGES = [
     "index.md",
     "howto/reading-chunks.md",
+    "howto/raw-to-batches.md",
     "howto/shuffling.md",
     "howto/batching.md",
     "howto/parallelism.md",
@@ -56,6 +57,7 @@ EXPECTED_PAGES = [
     "api/windowing-recurrent.md",
     "api/background.md",
     "api/datasets.md",
+    "api/prepare.md",
     "api/testing.md",
     "api/distributed.md",
     "api/torch.md",
@@ -85,6 +87,12 @@ API_CONTENT = {
         ("WorkerError", ""),
     ],
     "api/datasets.md": [("chunked_dataset_iterator", "read chunk by chunk"), ("bump_seed", "")],
+    "api/prepare.md": [
+        ("chunk_corpus", "into chunk files"),
+        ("load_index", "The index that"),
+        ("ChunkIndex", "items_per_epoch"),
+        ("progress", "while a progress bar counts them"),
+    ],
     "api/testing.md": [("assert_checkpointable", "Check the checkpoint contract")],
     "api/distributed.md": [
         ("rank_and_world_size", "This process's rank"),

@@ -11,7 +11,6 @@ does nothing. An output directory that holds another job is refused.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
@@ -227,10 +226,7 @@ def _run_pieces(
     executor: Executor = (
         client.get_executor()
         if client is not None
-        else ProcessPoolExecutor(
-            min(workers or os.cpu_count() or 1, len(work)),
-            mp_context=multiprocessing.get_context("spawn"),
-        )
+        else ProcessPoolExecutor(min(workers or os.cpu_count() or 1, len(work)))
     )
     futures: dict[Future[list[ChunkEntry]], Piece] = {
         executor.submit(write_piece, job, piece, out, existing, storage_options): piece
