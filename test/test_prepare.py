@@ -228,6 +228,21 @@ def test_line_that_is_not_json(tmp_path: Path) -> None:
     assert "not JSON" in message
 
 
+def test_line_that_is_not_utf8(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_bytes(b"fine\nalso fine\nbad \xff here\n")
+    message = _chunk_error(tmp_path, [str(tmp_path / "a.txt")], items_per_chunk=5)
+    assert "line 3 of" in message
+    assert "a.txt is not UTF-8 text (invalid start byte at byte 4 of the line)" in message
+
+
+def test_directory_input_must_be_alone(tmp_path: Path) -> None:
+    (tmp_path / "files").mkdir()
+    _write_lines(tmp_path / "a.txt", ["x"])
+    message = _chunk_error(tmp_path, [str(tmp_path / "files"), str(tmp_path / "a.txt")])
+    assert "a directory input" in message
+    assert "must be the only input" in message
+
+
 @pytest.mark.parametrize("value", [0, -3])
 def test_items_per_chunk_must_be_positive(tmp_path: Path, value: int) -> None:
     _write_lines(tmp_path / "a.txt", ["x"])
@@ -252,6 +267,21 @@ def test_cli_reports_bad_input_with_exit_code_2(
                  "--items-per-chunk", "2"])  # fmt: skip
     assert code == 2
     assert "infinibatch-like chunk: error:" in capsys.readouterr().err
+
+
+def test_scheduler_without_dask_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "dask.distributed", None)
+    _write_lines(tmp_path / "a.txt", ["x"])
+    args = [str(tmp_path / "a.txt"), "--out", str(tmp_path / "o"), "--items-per-chunk", "2"]
+    assert main(["chunk", *args, "--scheduler", "tcp://127.0.0.1:1"]) == 2
+    assert "pip install 'infinibatch_like[dask]'" in capsys.readouterr().err
+
+
+def test_verify_without_an_index_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["verify", str(tmp_path)]) == 1
+    assert "no chunk index at" in capsys.readouterr().out
 
 
 def test_output_holding_another_job_is_refused(tmp_path: Path) -> None:

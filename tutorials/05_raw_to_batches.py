@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
 import random
 import subprocess
@@ -144,6 +145,7 @@ assert epoch == [record for p in chosen for record in read_jsonl(index.chunk_ref
 
 from moto.server import ThreadedMotoServer  # noqa: E402 - only this step needs it
 
+logging.getLogger("werkzeug").setLevel(logging.ERROR)  # the server's request log
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 server.start()
 try:

@@ -7,7 +7,7 @@ import importlib
 import sys
 from typing import Any
 
-from .._extras import missing_extra
+from .._extras import MissingExtraError, missing_extra
 from .index import ChunkIndexError, read_index
 from .inspect_state import inspect_lines
 from .job import chunk_corpus
@@ -62,7 +62,9 @@ def add_commands(commands: Any) -> None:
     chunk.set_defaults(run=_chunk)
 
     verify = commands.add_parser(
-        "verify", help="check every chunk against its index (exit code 1 on a problem)"
+        "verify",
+        help="check every chunk against its index (exit code 1 on a problem, or without a "
+        "readable index)",
     )
     verify.add_argument("location", metavar="DIR_OR_URL")
     verify.set_defaults(run=_verify)
@@ -102,7 +104,11 @@ def _chunk(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    index = read_index(args.location)  # not load_index: verify reports each mismatch
+    try:
+        index = read_index(args.location)  # not load_index: verify reports each mismatch
+    except ChunkIndexError as error:
+        print(f"{args.location}: {error}")
+        return 1
     problems = 0
     for _, found in verify_chunks(index):
         for problem in found:
@@ -122,10 +128,11 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run a parsed prepare command; a bad input prints its message and returns 2."""
+    """Run a parsed prepare command; a bad input (or a storage error, or a missing extra)
+    prints its message and returns 2."""
     try:
         code: int = args.run(args)
-    except (ValueError, FileNotFoundError, ChunkIndexError) as error:
+    except (ValueError, OSError, MissingExtraError) as error:
         print(f"infinibatch-like {args.command}: error: {error}", file=sys.stderr)
         return 2
     return code

@@ -29,6 +29,7 @@ from .plan import (
     file_pieces,
     input_kind,
     line_pieces,
+    piece_of,
     plan_digest,
 )
 from .writer import PIECES_DIR, write_piece
@@ -96,27 +97,36 @@ def chunk_corpus(
     if finished is not None:
         return finished
     done = _read_manifests(out, storage_options)
-    existing = {base_name(ref) for ref in chunk_files(out, storage_options)}
-    todo = [piece for piece in pieces if piece.number not in done]
+    existing: dict[int, set[str]] = {}
+    for ref in chunk_files(out, storage_options):
+        name = base_name(ref)
+        existing.setdefault(piece_of(name), set()).add(name)
     sizes = [piece.size for piece in pieces]
-    known = None if None in sizes else sum(size or 0 for size in sizes)
+    by_bytes = None not in sizes  # else the bar counts pieces
+    items = 0
     with progress_bar(
-        total=known if known is not None else len(pieces),
+        total=sum(size or 0 for size in sizes) if by_bytes else len(pieces),
         desc="chunk",
-        unit="B" if known is not None else "pieces",
-        unit_scale=known is not None,
+        unit="B" if by_bytes else "pieces",
+        unit_scale=by_bytes,
         disable=None if show_progress is None else not show_progress,
     ) as bar:
 
         def finished_piece(piece: Piece, entries: list[ChunkEntry]) -> None:
+            nonlocal items
             done[piece.number] = entries
-            bar.update(piece.size or 0 if known is not None else 1)
-            bar.set_postfix_str(f"{sum(c.items for e in done.values() for c in e):,} items")
+            items += sum(entry.items for entry in entries)
+            bar.update((piece.size or 0) if by_bytes else 1)
+            bar.set_postfix_str(f"{items:,} items")
 
         for piece in pieces:
             if piece.number in done:
                 finished_piece(piece, done[piece.number])
-        work = [(piece, _existing_for(job, piece, existing)) for piece in todo]
+        work = [
+            (piece, frozenset(existing.get(piece.number, ())))
+            for piece in pieces
+            if piece.number not in done
+        ]
         _run_pieces(job, work, out, storage_options, workers, client, finished_piece)
     chunks = tuple(entry for piece in pieces for entry in done[piece.number])
     index = ChunkIndex(out, job.to_json(), chunks)
@@ -173,6 +183,8 @@ def _check_output(job: Job, out: str, storage_options: dict[str, Any] | None) ->
             continue
         text = _read_text(join_ref(out, name), storage_options)
         recorded = parse_index(out, text).job if name == INDEX_NAME else json.loads(text)
+        if not isinstance(recorded, dict):
+            raise ValueError(f"{_OWNER}: {join_ref(out, name)} is damaged (not a JSON object)")
         if recorded != wanted:
             changed = sorted(key for key in wanted if recorded.get(key) != wanted[key])
             details = "; ".join(
@@ -202,11 +214,6 @@ def _read_manifests(
             for entry in raw
         ]
     return done
-
-
-def _existing_for(job: Job, piece: Piece, existing: set[str]) -> frozenset[str]:
-    prefix = job.chunk_name(piece.number, 0).rsplit("-", 1)[0] + "-"
-    return frozenset(name for name in existing if name.startswith(prefix))
 
 
 def _run_pieces(

@@ -74,6 +74,12 @@ class Job:
         return f"chunk-{piece:06d}-{number:06d}{suffix}"
 
 
+def piece_of(chunk_name: str) -> int:
+    """The piece number in a chunk's file name (-1 for a name `Job.chunk_name` never gives)."""
+    digits = chunk_name[len("chunk-") : len("chunk-000000")]
+    return int(digits) if digits.isdigit() else -1
+
+
 def input_kind(ref: str, fmt: str) -> str:
     """``"lines"`` or ``"jsonl"`` for an input file, from its suffix (``fmt="auto"``) or
     from `fmt`; raises ValueError for an unsupported compression suffix, or (with
