@@ -10,12 +10,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from infinibatch_like.__main__ import main
 from infinibatch_like.io import read_jsonl, read_lines, read_records
 from infinibatch_like.prepare import ChunkIndexError, chunk_corpus, load_index, read_index
+from infinibatch_like.prepare.plan import Job, line_pieces
+from infinibatch_like.prepare.writer import _chunk_payloads
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -426,3 +431,66 @@ def test_inspect_refuses_a_file_without_state(
     (tmp_path / "junk.bin").write_bytes(b"\x80\x03junk")
     assert main(["inspect", str(tmp_path / "junk.bin")]) == 2
     assert "neither JSON nor a torch checkpoint" in capsys.readouterr().err
+
+
+def test_s3_to_s3_resumes_and_matches_a_local_run(tmp_path: Path, s3: Any) -> None:
+    expected = _corpus(tmp_path / "in", sizes=(8, 5))
+    for path in sorted((tmp_path / "in").iterdir()):
+        s3.put(f"raw/{path.name}", path.read_bytes())
+    out = s3.url("chunks")
+    index = chunk_corpus([s3.url("raw/part-*")], out, items_per_chunk=3, workers=1)
+    assert index.chunk_refs[0] == s3.url("chunks/chunk-000000-000000.txt.gz")
+    assert [line for ref in load_index(out).chunk_refs for line in read_lines(ref)] == expected
+    local = chunk_corpus(
+        [str(tmp_path / "in" / "part-*")], str(tmp_path / "out"), items_per_chunk=3, workers=1
+    )
+    assert [(c.name, c.items, c.size, c.sha256) for c in index.chunks] == [
+        (c.name, c.items, c.size, c.sha256) for c in local.chunks
+    ]
+    # an interrupted job: the index and one piece's manifest gone, a chunk of it left
+    s3.client.delete_object(Bucket=s3.name, Key="chunks/index.json")
+    s3.client.delete_object(Bucket=s3.name, Key="chunks/_pieces/piece-000001.json")
+    assert chunk_corpus([s3.url("raw/part-*")], out, items_per_chunk=3, workers=1) == index
+    assert main(["verify", out]) == 0
+
+
+def test_progress_bar_shows_bytes_items_and_rate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _corpus(tmp_path / "in")
+    inputs = [str(tmp_path / "in" / "part-*")]
+    chunk_corpus(inputs, str(tmp_path / "out"), items_per_chunk=3, workers=1, show_progress=True)
+    bar = capsys.readouterr().err.replace("\r", "\n").splitlines()[-1]
+    size = sum(path.stat().st_size for path in (tmp_path / "in").iterdir())
+    assert bar.startswith("chunk: 100%")
+    assert f"{size}/{size}" in bar
+    assert "B/s" in bar
+    assert bar.endswith("24 items]")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lines=st.lists(
+        st.text(st.characters(blacklist_characters="\n\r", blacklist_categories=("Cs",))),
+        max_size=30,
+    ),
+    final_newline=st.booleans(),
+    split_bytes=st.integers(1, 80),
+    size=st.integers(1, 6),
+)
+def test_byte_ranges_hold_every_line_once(
+    tmp_path_factory: pytest.TempPathFactory,
+    lines: list[str],
+    final_newline: bool,
+    split_bytes: int,
+    size: int,
+) -> None:
+    path = tmp_path_factory.mktemp("ranges") / "input.txt"
+    path.write_bytes(("\n".join(lines) + ("\n" if final_newline else "")).encode("utf-8"))
+    job = Job("lines", (str(path),), size, "none", split_bytes, "")
+    found = []
+    for piece in line_pieces([str(path)], split_bytes):
+        for _, payload, items in _chunk_payloads(job, piece, None):
+            assert 1 <= items <= size
+            found.extend(payload.decode("utf-8").split("\n")[:-1])
+    assert found == list(read_lines(str(path)))
