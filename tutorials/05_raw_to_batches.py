@@ -88,8 +88,9 @@ raw_records = write_raw(workdir / "raw")
 chunks_dir = workdir / "chunks"
 command = [str(workdir / "raw" / "part-*.jsonl.gz"), "--out", str(chunks_dir)]
 print(cli("chunk", *command, "--items-per-chunk", "400", "--compress", "zst", "--quiet"))
-print(cli("verify", str(chunks_dir)))
-assert "OK, 9 chunks, 3,200 items" in cli("verify", str(chunks_dir))
+report = cli("verify", str(chunks_dir))
+print(report)
+assert "OK, 9 chunks, 3,200 items" in report
 
 # ---------------------------------------------------------------------------------------
 # Step 3: the index. Its chunk_refs feed chunked_dataset_iterator with read_jsonl; its

@@ -31,10 +31,20 @@ def add_commands(commands: Any) -> None:
         "compressed by suffix) or a directory of files (one record each) into chunk files of "
         "N items plus index.json. Resumable: run it again after an interruption.",
     )
-    chunk.add_argument("inputs", nargs="+", metavar="INPUT")
-    chunk.add_argument("--out", required=True, metavar="DIR_OR_URL")
-    chunk.add_argument("--items-per-chunk", type=_positive, required=True, metavar="N")
-    chunk.add_argument("--compress", choices=sorted(COMPRESSIONS), default="gz")
+    chunk.add_argument(
+        "inputs", nargs="+", metavar="INPUT", help="a file, URL or glob (quoted), or a directory"
+    )
+    chunk.add_argument(
+        "--out", required=True, metavar="DIR_OR_URL", help="where the chunks and index.json go"
+    )
+    chunk.add_argument(
+        "--items-per-chunk", type=_positive, required=True, metavar="N",
+        help="lines (or files) per chunk; each input's last chunk may hold fewer",
+    )  # fmt: skip
+    chunk.add_argument(
+        "--compress", choices=sorted(COMPRESSIONS), default="gz",
+        help="compression of the chunks (default gz)",
+    )  # fmt: skip
     chunk.add_argument(
         "--format",
         choices=("auto", "lines", "jsonl"),
