@@ -34,6 +34,7 @@ RUNNABLE_PAGES = [
     "index.md",
     "howto/reading-chunks.md",
     "howto/raw-to-batches.md",
+    "howto/object-stores.md",
     "howto/shuffling.md",
     "howto/batching.md",
     "howto/parallelism.md",
@@ -58,6 +59,7 @@ EXPECTED_PAGES = [
     "api/background.md",
     "api/datasets.md",
     "api/prepare.md",
+    "api/io.md",
     "api/testing.md",
     "api/distributed.md",
     "api/torch.md",
@@ -92,6 +94,12 @@ API_CONTENT = {
         ("load_index", "The index that"),
         ("ChunkIndex", "items_per_epoch"),
         ("progress", "while a progress bar counts them"),
+    ],
+    "api/io.md": [
+        ("list_chunks", "sorted: the"),
+        ("read_lines", "without their line endings"),
+        ("open_output", "appears whole"),
+        ("RetryPolicy", "transient storage failures"),
     ],
     "api/testing.md": [("assert_checkpointable", "Check the checkpoint contract")],
     "api/distributed.md": [
