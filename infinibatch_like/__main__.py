@@ -1,4 +1,7 @@
-"""Command line: ``python -m infinibatch_like demo`` (console script ``infinibatch-like``).
+"""Command line: ``python -m infinibatch_like COMMAND`` (console script ``infinibatch-like``).
+
+Commands: ``demo`` (below), and the data-preparation tools ``chunk``, ``verify`` and
+``inspect`` (`infinibatch_like.prepare.cli`).
 
 The demo proves the library's main promise on a small synthetic corpus: a pipeline
 checkpointed mid-stream and restored into a *fresh* pipeline continues with exactly the
@@ -19,6 +22,7 @@ from pathlib import Path
 
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.iterators import BucketedReadaheadBatchIterator, CheckpointableIterator
+from infinibatch_like.prepare import cli as prepare_cli
 
 TOKENS = 2000  # characters per batch: batch size = TOKENS // length of its longest line
 NUM_CHUNKS = 8
@@ -147,9 +151,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument(
         "--workdir", type=Path, default=None, help="where to write the chunks (default: a temp dir)"
     )
+    prepare_cli.add_commands(commands)
     args = parser.parse_args(argv)
-    if args.command != "demo":  # pragma: no cover - argparse rejects unknown commands
-        parser.error(f"unknown command {args.command!r}")
+    if args.command != "demo":
+        return prepare_cli.run(args)
     if args.workdir is not None:
         return run_demo(args.lines, args.seed, args.workdir)
     with tempfile.TemporaryDirectory(prefix="infinibatch_like_demo_") as tmp:

@@ -34,6 +34,7 @@ RUNNABLE_PAGES = [
     "index.md",
     "howto/reading-chunks.md",
     "howto/map-style.md",
+    "howto/raw-to-batches.md",
     "howto/object-stores.md",
     "howto/shuffling.md",
     "howto/batching.md",
@@ -58,6 +59,7 @@ EXPECTED_PAGES = [
     "api/windowing-recurrent.md",
     "api/background.md",
     "api/datasets.md",
+    "api/prepare.md",
     "api/io.md",
     "api/testing.md",
     "api/distributed.md",
@@ -89,6 +91,12 @@ API_CONTENT = {
         ("WorkerError", ""),
     ],
     "api/datasets.md": [("chunked_dataset_iterator", "read chunk by chunk"), ("bump_seed", "")],
+    "api/prepare.md": [
+        ("chunk_corpus", "into chunk files"),
+        ("load_index", "The index that"),
+        ("ChunkIndex", "items_per_epoch"),
+        ("progress", "while a progress bar counts them"),
+    ],
     "api/io.md": [
         ("list_chunks", "sorted: the"),
         ("read_lines", "without their line endings"),

@@ -1,0 +1,148 @@
+"""The data-preparation commands of ``python -m infinibatch_like``: chunk, verify, inspect."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Any
+
+from .._extras import MissingExtraError, missing_extra
+from .index import ChunkIndexError, read_index
+from .inspect_state import inspect_lines
+from .job import chunk_corpus
+from .plan import COMPRESSIONS, DEFAULT_SPLIT_BYTES
+from .verify import verify_chunks
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_commands(commands: Any) -> None:
+    """Add the chunk, verify and inspect sub-commands to an argparse sub-parser group."""
+    chunk = commands.add_parser(
+        "chunk",
+        help="cut text/JSON-lines files or a directory of files into chunks with an index",
+        description="Cut INPUT files (text lines or JSON lines, local or URLs, globs allowed, "
+        "compressed by suffix) or a directory of files (one record each) into chunk files of "
+        "N items plus index.json. Resumable: run it again after an interruption.",
+    )
+    chunk.add_argument(
+        "inputs", nargs="+", metavar="INPUT", help="a file, URL or glob (quoted), or a directory"
+    )
+    chunk.add_argument(
+        "--out", required=True, metavar="DIR_OR_URL", help="where the chunks and index.json go"
+    )
+    chunk.add_argument(
+        "--items-per-chunk", type=_positive, required=True, metavar="N",
+        help="lines (or files) per chunk; each input's last chunk may hold fewer",
+    )  # fmt: skip
+    chunk.add_argument(
+        "--compress", choices=sorted(COMPRESSIONS), default="gz",
+        help="compression of the chunks (default gz)",
+    )  # fmt: skip
+    chunk.add_argument(
+        "--format",
+        choices=("auto", "lines", "jsonl"),
+        default="auto",
+        help="input format (default: from the suffix)",
+    )
+    chunk.add_argument(
+        "--workers", type=_positive, default=None, help="processes (default: every core)"
+    )
+    chunk.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="run on this Dask scheduler instead (needs infinibatch_like[dask])",
+    )
+    chunk.add_argument(
+        "--split-bytes",
+        type=_positive,
+        default=DEFAULT_SPLIT_BYTES,
+        metavar="B",
+        help="cut uncompressed local inputs larger than this into byte ranges done in "
+        f"parallel (default {DEFAULT_SPLIT_BYTES})",
+    )
+    chunk.add_argument("--quiet", action="store_true", help="no progress bar")
+    chunk.set_defaults(run=_chunk)
+
+    verify = commands.add_parser(
+        "verify",
+        help="check every chunk against its index (exit code 1 on a problem, or without a "
+        "readable index)",
+    )
+    verify.add_argument("location", metavar="DIR_OR_URL")
+    verify.set_defaults(run=_verify)
+
+    inspect = commands.add_parser(
+        "inspect", help="show a saved pipeline state (JSON or torch checkpoint)"
+    )
+    inspect.add_argument("checkpoint", metavar="CHECKPOINT")
+    inspect.set_defaults(run=_inspect)
+
+
+def _chunk(args: argparse.Namespace) -> int:
+    client: Any = None
+    if args.scheduler is not None:
+        try:
+            distributed: Any = importlib.import_module("dask.distributed")
+        except ModuleNotFoundError as error:
+            raise missing_extra("distributed", "dask", "chunk --scheduler") from error
+        client = distributed.Client(args.scheduler)
+    try:
+        index = chunk_corpus(
+            args.inputs,
+            args.out,
+            items_per_chunk=args.items_per_chunk,
+            compress=args.compress,
+            input_format=args.format,
+            workers=args.workers,
+            client=client,
+            split_bytes=args.split_bytes,
+            show_progress=False if args.quiet else None,
+        )
+    finally:
+        if client is not None:
+            client.close()
+    print(f"{args.out}: {len(index.chunks)} chunks, {len(index):,} items, index.json written")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    try:
+        index = read_index(args.location)  # not load_index: verify reports each mismatch
+    except ChunkIndexError as error:
+        print(f"{args.location}: {error}")
+        return 1
+    problems = 0
+    for _, found in verify_chunks(index):
+        for problem in found:
+            print(problem)
+        problems += len(found)
+    if problems:
+        print(f"{args.location}: {problems} problem(s) in {len(index.chunks)} chunks")
+        return 1
+    print(f"{args.location}: OK, {len(index.chunks)} chunks, {len(index):,} items")
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    for line in inspect_lines(args.checkpoint):
+        print(line)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed prepare command; a bad input (or a storage error, or a missing extra)
+    prints its message and returns 2."""
+    try:
+        code: int = args.run(args)
+    except (ValueError, OSError, MissingExtraError) as error:
+        print(f"infinibatch-like {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    return code
