@@ -12,6 +12,7 @@ import sys
 import zlib
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -52,6 +53,33 @@ def test_round_trip_through_each_compression(tmp_path: Path, suffix: str) -> Non
     assert list(read_lines(path)) == ["first", "second", "", "third é\rstill third", "last"]
     if suffix:
         assert Path(path).read_bytes() != data  # really compressed
+
+
+@pytest.mark.parametrize("suffix", [s for s in SUFFIXES if s])
+def test_iterating_a_compressed_chunk_reads_blocks_not_bytes(
+    tmp_path: Path, suffix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from infinibatch_like.io import streams
+
+    lines = [f"line {i}" for i in range(20_000)]
+    path = write(tmp_path / f"chunk.txt{suffix}", "".join(f"{x}\n" for x in lines).encode())
+    calls: list[int] = []
+    readinto = streams._Decompressed.readinto
+    read = streams._Decompressed.read
+
+    def counted_readinto(self: Any, buffer: Any) -> int:
+        calls.append(1)
+        return readinto(self, buffer)
+
+    def counted_read(self: Any, size: int | None = -1) -> bytes:
+        calls.append(1)
+        return read(self, size)
+
+    monkeypatch.setattr(streams._Decompressed, "readinto", counted_readinto)
+    monkeypatch.setattr(streams._Decompressed, "read", counted_read)
+    with open_chunk(path) as stream:
+        assert [line.decode().rstrip("\n") for line in stream] == lines
+    assert len(calls) < 10  # 170 KB in blocks, not a call per byte
 
 
 @pytest.mark.parametrize(

@@ -47,7 +47,8 @@ def open_chunk(
     if codec is None:
         return cast(BinaryIO, io.BufferedReader(raw, 1 << 18)) if is_url(name) else raw
     try:
-        return cast(BinaryIO, _Decompressed(name, codec, raw))
+        # Buffered, so that line iteration reads blocks rather than a byte per call.
+        return cast(BinaryIO, io.BufferedReader(_Decompressed(name, codec, raw), 1 << 18))
     except BaseException:
         raw.close()
         raise
