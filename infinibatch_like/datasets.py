@@ -11,6 +11,7 @@ from ._callables import short_repr
 from .flatten import SelectManyIterator
 from .mapping import MapIterator
 from .prefetch import PrefetchIterator
+from .records import OnError
 from .shuffle import BlockwiseShuffleIterator, BufferedShuffleIterator
 from .sources import check_rank, create_source_iterator
 
@@ -40,6 +41,7 @@ def chunked_dataset_iterator(
     instance_rank: int = 0,
     *,
     read_ahead_chunks: int = 0,
+    on_error: OnError = "raise",
 ) -> CheckpointableIterator[Any]:
     """Items of a corpus split into chunks (e.g. files), read chunk by chunk and shuffled.
 
@@ -57,6 +59,11 @@ def chunked_dataset_iterator(
     sends only the items the consumer takes, not a whole block. With `use_windowed` it
     sits before the windowed shuffle instead, whose state holds its whole buffer (too
     much to snapshot every 100 items). The items are the same either way.
+
+    With ``on_error=SkipPolicy(...)`` (see `infinibatch_like.records`), the chunk reader
+    skips records (and chunks) whose reading raises, and the `MapIterator` of `transform`
+    the items it raises on, each stage within its own budget and with its own ledger
+    (`infinibatch_like.records.skip_ledgers`). ``"raise"`` (default) changes nothing.
 
     Raises:
         TypeError, ValueError: for a bad argument, naming it (e.g. an empty `chunk_refs` in
@@ -90,6 +97,7 @@ def chunked_dataset_iterator(
         read_chunk_fn,
         read_ahead=read_ahead_chunks,
         selector_name=f"{_OWNER}'s read_chunk_fn",
+        on_error=on_error,
         on_empty=_EmptyCorpusCheck(chunk_refs, shuffle, num_instances, instance_rank)
         if train
         else None,
@@ -102,7 +110,7 @@ def chunked_dataset_iterator(
     if prefetch and not use_windowed:
         samples = PrefetchIterator(samples, buffer_size)
     if transform is not None:
-        samples = MapIterator(samples, transform)
+        samples = MapIterator(samples, transform, on_error=on_error)
     return samples
 
 
