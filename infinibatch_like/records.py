@@ -111,7 +111,7 @@ def describe_entry(entry: State) -> str:
 class SkipLedger:
     """What a stage skipped: counts over the whole run and the latest entries.
 
-    Each entry is a dict ``{"stage", "kind", "chunk", "position", "error", "message"}``:
+    Each entry is a dict ``{"in_stage", "kind", "chunk", "position", "error", "message"}``:
     `kind` is ``"record"`` (a record of a chunk), ``"chunk"`` (a chunk that could not be
     read at all) or ``"item"`` (an item whose transform raised); `chunk` is the chunk's
     short repr (None for a transform), `position` the record's index in the chunk or the
@@ -159,7 +159,7 @@ def tolerant(items: Iterator[Any], longest_run: int) -> Iterator[Any]:
 
 
 _LEDGER_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "stage": str,
+    "in_stage": str,
     "kind": str,
     "chunk": (str, type(None)),
     "position": int,
@@ -195,6 +195,13 @@ class Budget:
         counts = [state.get(key) for key in ("seen", "window", "in_window", "records", "chunks")]
         if not all(type(value) is int and value >= 0 for value in counts):
             raise ValueError(f"state field 'skips' holds bad counts {short_repr(counts)}")
+        seen, window, in_window = counts[:3]
+        size = self.policy.per_items
+        if in_window > self.policy.max_skips or (size is not None and window > seen // size):
+            raise ValueError(
+                f"state field 'skips' holds {in_window} failures in window {window} after "
+                f"{seen} items, which does not fit on_error={self.policy!r}"
+            )
         per_chunk, last = state.get("per_chunk"), state.get("last")
         if not isinstance(per_chunk, list) or not all(
             isinstance(pair, list)
@@ -208,8 +215,8 @@ class Budget:
             raise ValueError("state field 'skips' has a bad 'last' (expected ledger entries)")
         self.seen, self.window, self.in_window, self.records, self.chunks = counts  # type: ignore[assignment]
         keep = self.policy.keep_last
-        self.per_chunk = dict((name, count) for name, count in per_chunk[len(per_chunk) - keep :])
-        self.last = [dict(entry) for entry in last[len(last) - keep :]] if keep else []
+        self.per_chunk = {name: count for name, count in per_chunk[max(0, len(per_chunk) - keep) :]}
+        self.last = [dict(entry) for entry in last[max(0, len(last) - keep) :]]
 
     def state(self, seen: int) -> State:
         """The state, with `seen` items of the stage's input so far."""
@@ -230,7 +237,7 @@ class Budget:
         in_window = (self.in_window if window == self.window else 0) + 1
         name = None if chunk is None else short_repr(chunk, MESSAGE_LIMIT)
         entry = {
-            "stage": self.stage,
+            "in_stage": self.stage,
             "kind": kind,
             "chunk": name,
             "position": position,
@@ -253,7 +260,7 @@ class Budget:
             while len(self.per_chunk) > self.policy.keep_last:
                 del self.per_chunk[next(iter(self.per_chunk))]
         self.last.append(entry)
-        del self.last[: len(self.last) - self.policy.keep_last]
+        del self.last[: max(0, len(self.last) - self.policy.keep_last)]
 
     def ledger(self, stage: str | None = None) -> SkipLedger:
         return SkipLedger(
@@ -347,7 +354,7 @@ def _collect(state: object, path: list[str], found: dict[str, SkipLedger]) -> No
     skips = state.get("skips")
     if isinstance(name, str) and isinstance(skips, dict):
         keep = max(len(skips.get("last") or ()), len(skips.get("per_chunk") or ()), 1)
-        budget = Budget(name, SkipPolicy(0, None, keep))
+        budget = Budget(name, SkipPolicy(2**62, None, keep))  # reads any budget's state
         try:
             budget.restore(skips)
         except ValueError as error:
