@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar, cast
 
 from ._base import CheckpointableIterator, Stage, State, StateMismatchError
 from ._callables import short_repr
@@ -195,7 +195,7 @@ class Budget:
         counts = [state.get(key) for key in ("seen", "window", "in_window", "records", "chunks")]
         if not all(type(value) is int and value >= 0 for value in counts):
             raise ValueError(f"state field 'skips' holds bad counts {short_repr(counts)}")
-        seen, window, in_window = counts[:3]
+        seen, window, in_window, records, chunks = cast("list[int]", counts)
         size = self.policy.per_items
         if in_window > self.policy.max_skips or (size is not None and window > seen // size):
             raise ValueError(
@@ -213,7 +213,8 @@ class Budget:
             raise ValueError("state field 'skips' has a bad 'per_chunk' (expected [[str, int]])")
         if not isinstance(last, list) or not all(_is_entry(entry) for entry in last):
             raise ValueError("state field 'skips' has a bad 'last' (expected ledger entries)")
-        self.seen, self.window, self.in_window, self.records, self.chunks = counts  # type: ignore[assignment]
+        self.seen, self.window, self.in_window = seen, window, in_window
+        self.records, self.chunks = records, chunks
         keep = self.policy.keep_last
         self.per_chunk = {name: count for name, count in per_chunk[max(0, len(per_chunk) - keep) :]}
         self.last = [dict(entry) for entry in last[max(0, len(last) - keep) :]]
