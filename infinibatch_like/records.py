@@ -31,7 +31,7 @@ class SkipPolicy:
     Args:
         max_skips: how many records may be skipped in each window (>= 0).
         per_items: the window: items ``[0, n)``, ``[n, 2n)``, ... of the stage's input
-            (>= 2 and > `max_skips`); None: one window over the whole run (a total budget).
+            (>= 1 and > `max_skips`); None: one window over the whole run (a total budget).
             The budget is exceeded when a window holds more than `max_skips` failures.
         keep_last: how many ledger entries (and chunks with per-chunk counts) to keep;
             the counts cover the whole run.
@@ -45,7 +45,7 @@ class SkipPolicy:
     keep_last: int = 32
 
     def __post_init__(self) -> None:
-        for name, minimum in (("max_skips", 0), ("per_items", 2), ("keep_last", 0)):
+        for name, minimum in (("max_skips", 0), ("per_items", 1), ("keep_last", 0)):
             value = getattr(self, name)
             if value is None and name == "per_items":
                 continue
