@@ -14,6 +14,7 @@ from infinibatch_like._base import CheckpointableIterator
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.distributed import EqualLengthIterator
 from infinibatch_like.records import SkipPolicy
+from infinibatch_like.skipping import SkipIterator
 from infinibatch_like.testing import assert_checkpointable
 
 CHUNKS = [[f"c{c}-{i}" for i in range(c % 4 + 1)] for c in range(9)]
@@ -205,6 +206,10 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
                                        mode="thread", on_error=SKIPS),
         lambda: it.ParallelMapIterator(native(30), fail_on_sevens, 2, 2, snapshot_every=5,
                                        on_error=SKIPS),
+    ],
+    "SkipIterator": [
+        lambda: SkipIterator(it.MapIterator(native(40), add_one), skip=[(3, 6), (10, 11)]),
+        lambda: SkipIterator(native(12), skip=[(9, 30)]),
     ],
     "chunked_dataset_iterator": [
         lambda: chunked_dataset_iterator(list(range(9)), read_chunk, buffer_size=5, seed=2),
