@@ -9,6 +9,7 @@ from functools import partial
 from itertools import chain
 from typing import Any, ClassVar
 
+from ._background.lifecycle import POLL_S, check_interrupt
 from ._base import (
     CheckpointableIterator,
     State,
@@ -96,7 +97,9 @@ class _Read:
             self._error = error
 
     def result(self) -> Iterator[Any]:
-        self._thread.join()
+        while self._thread.is_alive():
+            self._thread.join(POLL_S)
+            check_interrupt()
         items = iter(self._items)
         if self._error is None:
             return items
