@@ -317,7 +317,8 @@ class SelectManyIterator(BudgetedStage[Any]):
                                 kind = "chunk"
                             else:
                                 inner = chain((following,), inner)
-                        budget.skip(output, self._base + self._consumed, kind, item)
+                        position = self._base + self._consumed
+                        budget.skip(output, position, kind, item, self._consumed)
                         self._consumed += 1
                         continue
                     self._consumed += 1

@@ -11,7 +11,7 @@ records. Stages that take `on_error`: `MapIterator`, `ParallelMapIterator`,
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypeVar, cast
 
@@ -19,6 +19,7 @@ from ._base import CheckpointableIterator, Stage, State, StateMismatchError
 from ._callables import short_repr
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 MESSAGE_LIMIT = 200
 """Ledger entries keep error messages and chunk names up to this many characters."""
@@ -123,6 +124,23 @@ class SkipLedger:
     chunks: int = 0
     per_chunk: dict[str, int] = field(default_factory=dict)
     last: list[State] = field(default_factory=list)
+
+
+class ParsedRecords(Iterator[U]):
+    """``parse(record)`` for each of `records`, for a chunk reader: where `parse` raises,
+    ``next()`` raises and the next ``next()`` goes on with the next record (a generator
+    would end instead). Returned by a ``read_chunk_fn``, it lets a `SelectManyIterator`
+    (or `chunked_dataset_iterator`) with a `SkipPolicy` skip just the bad record, and
+    its ledger name the chunk and the record's index in it.
+
+    Example: ``read_chunk_fn=lambda path: ParsedRecords(read_lines(path), json.loads)``.
+    """
+
+    def __init__(self, records: Iterable[T], parse: Callable[[T], U]) -> None:
+        self._records, self._parse = iter(records), parse
+
+    def __next__(self) -> U:
+        return self._parse(next(self._records))
 
 
 class BadRecord(NamedTuple):
@@ -231,9 +249,12 @@ class Budget:
             "last": [dict(entry) for entry in self.last],
         }
 
-    def skip(self, bad: BadRecord, position: int, kind: str, chunk: Any = None) -> None:
+    def skip(
+        self, bad: BadRecord, position: int, kind: str, chunk: Any = None, record: int = 0
+    ) -> None:
         """Count the failure of the item at `position` of the stage's input (`kind` and
-        `chunk` as in `SkipLedger`), or raise `SkipBudgetExceeded` (counting nothing)."""
+        `chunk` as in `SkipLedger`; `record`: its index in the chunk), or raise
+        `SkipBudgetExceeded` (counting nothing)."""
         window = 0 if self.policy.per_items is None else position // self.policy.per_items
         in_window = (self.in_window if window == self.window else 0) + 1
         name = None if chunk is None else short_repr(chunk, MESSAGE_LIMIT)
@@ -241,7 +262,7 @@ class Budget:
             "in_stage": self.stage,
             "kind": kind,
             "chunk": name,
-            "position": position,
+            "position": position if chunk is None else record,
             "error": bad.error_type,
             "message": bad.message,
         }

@@ -17,7 +17,7 @@ import infinibatch_like.iterators as it
 from infinibatch_like import StateMismatchError
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.distributed import EqualLengthIterator
-from infinibatch_like.records import SkipBudgetExceeded, SkipPolicy, skip_ledgers
+from infinibatch_like.records import ParsedRecords, SkipBudgetExceeded, SkipPolicy, skip_ledgers
 
 
 def roundtrip(state: Any) -> Any:
@@ -269,9 +269,9 @@ def test_chunk_reader_skips_bad_records_and_unreadable_chunks_the_same_after_res
                                 "'d.jsonl'": 1}
     assert [(e["kind"], e["chunk"], e["position"], e["error"]) for e in ledger.last] == [
         ("record", "'a.jsonl'", 2, "JSONDecodeError"),
-        ("chunk", "'missing.jsonl'", 6, "FileNotFoundError"),
-        ("record", "'c.jsonl'", 7, "JSONDecodeError"),
-        ("chunk", "'d.jsonl'", 9, "JSONDecodeError"),
+        ("chunk", "'missing.jsonl'", 0, "FileNotFoundError"),
+        ("record", "'c.jsonl'", 0, "JSONDecodeError"),
+        ("chunk", "'d.jsonl'", 0, "JSONDecodeError"),
     ]
     assert ledger.last[1]["message"] == "no such chunk: missing.jsonl"
     final = pipeline.getstate()
@@ -439,3 +439,18 @@ def test_ranks_still_yield_equal_batch_counts_when_one_rank_skips(
     assert counts0 == {"real": 6, "padded": 0, "dropped": 0}
     assert counts1 == {"real": 5, "padded": 1, "dropped": 0}
     assert batches1[5] == batches1[0]
+
+
+def test_parsed_records_let_the_reader_skip_one_bad_line_and_name_it() -> None:
+    chunks = {"p0": ['{"x": 1}', "oops", '{"x": 3}'], "p1": ['{"x": 4}', '{"x": "5"', "{}"]}
+
+    def read(name: str) -> ParsedRecords[int]:
+        return ParsedRecords(chunks[name], lambda line: json.loads(line)["x"])
+
+    pipeline = it.SelectManyIterator(it.NativeCheckpointableIterator(list(chunks)), read,
+                                     on_error=SkipPolicy(3, 6))
+    assert list(pipeline) == [1, 3, 4]
+    assert [(e["chunk"], e["position"], e["error"]) for e in pipeline.skipped.last] == [
+        ("'p0'", 1, "JSONDecodeError"), ("'p1'", 1, "JSONDecodeError"), ("'p1'", 2, "KeyError"),
+    ]
+    assert pipeline.skipped.per_chunk == {"'p0'": 1, "'p1'": 2}
