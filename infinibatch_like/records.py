@@ -133,7 +133,7 @@ class ParsedRecords(Iterator[U]):
     (or `chunked_dataset_iterator`) with a `SkipPolicy` skip just the bad record, and
     its ledger name the chunk and the record's index in it.
 
-    Example: ``read_chunk_fn=lambda path: ParsedRecords(read_lines(path), json.loads)``.
+    For instance ``read_chunk_fn=lambda path: ParsedRecords(read_lines(path), json.loads)``.
     """
 
     def __init__(self, records: Iterable[T], parse: Callable[[T], U]) -> None:
