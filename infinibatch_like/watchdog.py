@@ -52,7 +52,8 @@ class Watchdog(CheckpointableIterator[T]):
 
     The check runs in a thread (``infinibatch_like.Watchdog``) that wakes every
     ``min(timeout_s / 4, 1)`` seconds and compares two counters that ``next()``
-    increments: no lock and no clock per item. A report comes between `timeout_s` and
+    increments: no lock and no clock per item, one Python call (about a microsecond):
+    wrap the batches (one item per step), not the records. A report comes between `timeout_s` and
     ``1.25 * timeout_s`` after the wait began (plus up to 2 s for the stacks).
 
     With ``action="raise"``, the consumer's wait is ended where it polls its background
