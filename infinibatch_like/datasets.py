@@ -11,7 +11,7 @@ from ._callables import short_repr
 from .flatten import SelectManyIterator
 from .mapping import MapIterator
 from .prefetch import PrefetchIterator
-from .records import OnError
+from .records import OnError, resolve_on_error
 from .shuffle import BlockwiseShuffleIterator, BufferedShuffleIterator
 from .sources import check_rank, create_source_iterator
 
@@ -85,6 +85,7 @@ def chunked_dataset_iterator(
     )
     check_rank(_OWNER, num_instances, instance_rank)
     require_int(_OWNER, "read_ahead_chunks", read_ahead_chunks, 0)
+    resolve_on_error(_OWNER, on_error)
     samples: CheckpointableIterator[Any] = SelectManyIterator(
         create_source_iterator(
             chunk_refs,

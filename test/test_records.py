@@ -454,3 +454,48 @@ def test_parsed_records_let_the_reader_skip_one_bad_line_and_name_it() -> None:
         ("'p0'", 1, "JSONDecodeError"), ("'p1'", 1, "JSONDecodeError"), ("'p1'", 2, "KeyError"),
     ]
     assert pipeline.skipped.per_chunk == {"'p0'": 1, "'p1'": 2}
+
+
+def test_chunked_dataset_iterator_names_itself_for_a_bad_on_error() -> None:
+    with pytest.raises(TypeError, match="chunked_dataset_iterator: on_error must be 'raise' or "
+                       "a SkipPolicy"):
+        chunked_dataset_iterator(["a"], read_lines, 4, on_error="skip")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("seen", -1, r"state field 'skips' holds bad counts \[-1, 0, 1, 1, 0\]"),
+        ("records", "1", "state field 'skips' holds bad counts"),
+        ("per_chunk", [["a"]], r"'skips' has a bad 'per_chunk' \(expected \[\[str, int\]\]\)"),
+        ("last", {}, r"'skips' has a bad 'last' \(expected ledger entries\)"),
+    ],
+)
+def test_damaged_ledgers_are_refused_naming_the_stage(
+    field: str, value: Any, message: str
+) -> None:
+    def build() -> it.MapIterator[int]:
+        return it.MapIterator(it.NativeCheckpointableIterator(list(range(9))), Parse({4}),
+                              on_error=SkipPolicy(1))
+
+    pipeline = build()
+    for _ in range(5):
+        next(pipeline)
+    state = pipeline.getstate()
+    state["skips"][field] = value
+    with pytest.raises(StateMismatchError, match=f"at MapIterator: .*{message}"):
+        build().setstate(state)
+    with pytest.raises(StateMismatchError, match=message):
+        skip_ledgers(state)
+
+
+def test_map_over_a_source_that_cannot_step_back_refuses_getstate_after_the_budget() -> None:
+    source = it.ZipIterator(it.NativeCheckpointableIterator([1, 2, 3]))
+    pipeline = it.MapIterator(source, lambda pair: Parse({2})(pair[0]), on_error=SkipPolicy(0))
+    assert next(pipeline) == 10
+    with pytest.raises(SkipBudgetExceeded):
+        next(pipeline)
+    with pytest.raises(RuntimeError, match=r"MapIterator: more than 0 bad records in the run.*the "
+                       "item it failed on is consumed from the source and the source cannot "
+                       "step back to it"):
+        pipeline.getstate()

@@ -155,9 +155,17 @@ def test_bad_ranges_are_refused(call: Any, error: type, message: str) -> None:
         call(SkipIterator(it.NativeCheckpointableIterator(list(range(10)))))
 
 
-def test_damaged_skip_states_are_refused() -> None:
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("pending", [[5, 3]], "state field 'pending' must hold ranges"),
+        ("done", [[1]], "state field 'done' must hold ranges"),
+        ("position", -3, "position and skipped must be >= 0, got -3, 0"),
+    ],
+)
+def test_damaged_skip_states_are_refused(field: str, value: Any, message: str) -> None:
     pipeline = SkipIterator(it.NativeCheckpointableIterator(list(range(10))), skip=[(3, 5)])
     state = pipeline.getstate()
-    state["pending"] = [[5, 3]]
-    with pytest.raises(StateMismatchError, match=r"SkipIterator.*'pending' must hold ranges"):
+    state[field] = value
+    with pytest.raises(StateMismatchError, match=f"SkipIterator.*{message}"):
         SkipIterator(it.NativeCheckpointableIterator(list(range(10)))).setstate(state)
