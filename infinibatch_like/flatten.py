@@ -9,9 +9,9 @@ from functools import partial
 from itertools import chain
 from typing import Any, ClassVar
 
+from ._background.lifecycle import POLL_S, check_interrupt
 from ._base import (
     CheckpointableIterator,
-    Stage,
     State,
     StateMismatchError,
     fast_iterator,
@@ -22,10 +22,12 @@ from ._base import (
     source_state,
 )
 from ._callables import NOTE_PREFIX, add_note, has_library_note, short_repr
+from .records import BadRecord, Budget, BudgetedStage, OnError, failure, tolerant
 
 Selector = Callable[[Any], Iterable[Any]]
 CHUNK_REPR_LIMIT = 240
 """Errors show source items (chunk paths) up to this length, cut in the middle beyond."""
+_END: Any = object()
 Collections = Iterator[tuple[State, Any, Callable[[], Iterator[Any]]]]
 """(source state before the item, the item, how to get its collection) per source item."""
 
@@ -46,6 +48,13 @@ def _select(selector: Selector | None, selector_name: str, item: Any) -> Iterato
     return iter(collection)
 
 
+def _select_tolerant(
+    selector: Selector | None, selector_name: str, longest_run: int, item: Any
+) -> Iterator[Any]:
+    """`_select`, with a `BadRecord` for each record whose reading raised (`tolerant`)."""
+    return tolerant(_select(selector, selector_name, item), longest_run)
+
+
 def _raising(error: BaseException) -> Iterator[Any]:
     """An iterator that raises `error` when it is first advanced."""
     yield from ()
@@ -54,15 +63,25 @@ def _raising(error: BaseException) -> Iterator[Any]:
 
 class _Read:
     """``_select(selector, name, item)`` drained into a list in a daemon thread; `result`
-    waits for it. The items read before an error are kept and yielded before it.
+    waits for it. The items read before an error are kept and yielded before it; an error
+    of the selector itself (opening the chunk) is raised by `result`. With `longest_run`,
+    the records are read `tolerant`ly.
 
     zlib, file and network reads release the GIL, so reading and decompressing the next
     chunks overlaps with the consumer's work."""
 
-    def __init__(self, selector: Selector | None, selector_name: str, item: Any) -> None:
+    def __init__(
+        self,
+        selector: Selector | None,
+        selector_name: str,
+        item: Any,
+        longest_run: int | None = None,
+    ) -> None:
         self._selector, self._selector_name, self._item = selector, selector_name, item
+        self._longest_run = longest_run
         self._items: list[Any] = []
         self._error: BaseException | None = None
+        self._opened = False
         self._thread = threading.Thread(
             target=self._run, name="infinibatch_like.SelectManyIterator.reader", daemon=True
         )
@@ -70,23 +89,30 @@ class _Read:
 
     def _run(self) -> None:
         try:
-            self._items.extend(_select(self._selector, self._selector_name, self._item))
+            inner = _select(self._selector, self._selector_name, self._item)
+            self._opened = True
+            run = self._longest_run
+            self._items.extend(inner if run is None else tolerant(inner, run))
         except BaseException as error:
             self._error = error
 
     def result(self) -> Iterator[Any]:
-        self._thread.join()
+        while self._thread.is_alive():
+            self._thread.join(POLL_S)
+            check_interrupt()
         items = iter(self._items)
         if self._error is None:
             return items
         error, self._error = self._error, None
+        if not self._opened:
+            raise error
         return chain(items, _raising(error))
 
     def wait(self) -> None:
         self._thread.join()
 
 
-class SelectManyIterator(Stage[Any]):
+class SelectManyIterator(BudgetedStage[Any]):
     """Yields the items of ``collection_selector(item)`` (or of ``item`` itself) for each
     item of the source, in order: a flat-map.
 
@@ -107,6 +133,12 @@ class SelectManyIterator(Stage[Any]):
             ``"chunked_dataset_iterator's read_chunk_fn"``).
         on_empty: called with the source item whenever its collection is empty (e.g. to
             refuse a corpus whose chunks are all empty); may raise.
+        on_error: ``"raise"`` (default), or a `SkipPolicy`: a record whose reading raises
+            an Exception is skipped and reading goes on with the next record if the
+            collection's iterator goes on after an error (a generator does not: its
+            chunk ends there, the rest of it unread). A chunk whose selector raises, or
+            whose first record fails with nothing after it, is skipped whole (a
+            ``"chunk"`` entry). Each costs one item of the budget; see `skipped`.
 
     Raises:
         Exception: whatever the selector, or iterating its collection, raises, when the
@@ -114,6 +146,8 @@ class SelectManyIterator(Stage[Any]):
             yielded), with a note naming the source item (the chunk).
         TypeError: if the selector returns a str or bytes (whose characters would become
             the items); without a selector, str items are iterated, as in infinibatch.
+        SkipBudgetExceeded: with a `SkipPolicy`, when more records fail than it allows;
+            the state then points at the failing record (or chunk).
 
     Checkpoint:
         ``{"source", "consumed"}``: the source's state before the current item, and how
@@ -121,7 +155,9 @@ class SelectManyIterator(Stage[Any]):
         source again, calls the selector again (re-reading one chunk) and skips
         `consumed` items. Collections read ahead are not part of the state. After an error
         in reading a collection, the state points at the failing item of it: a restore
-        re-reads the chunk and raises there again, skipping nothing.
+        re-reads the chunk and raises there again, skipping nothing. With a `SkipPolicy`,
+        `consumed` counts the failed records too, and ``"skips"`` holds the budget window
+        and the ledger (bounded by ``keep_last``): a restore skips the same records.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
@@ -138,8 +174,10 @@ class SelectManyIterator(Stage[Any]):
         read_ahead: int = 0,
         selector_name: str = "SelectManyIterator's collection_selector",
         on_empty: Callable[[Any], None] | None = None,
+        on_error: OnError = "raise",
     ) -> None:
         require_checkpointable("SelectManyIterator", "source_iterator", source_iterator)
+        self._init_budget("SelectManyIterator", on_error)
         if collection_selector is not None:
             require_callable("SelectManyIterator", "collection_selector", collection_selector)
         if on_empty is not None:
@@ -153,7 +191,11 @@ class SelectManyIterator(Stage[Any]):
         self._restore(None)
 
     def _state(self) -> State:
-        return {"source": self._anchor, "consumed": self._consumed}
+        return {
+            "source": self._anchor,
+            "consumed": self._consumed,
+            **self._skip_fields(self._base + self._consumed),
+        }
 
     def _restore(self, state: State | None) -> None:
         if state is None:
@@ -164,8 +206,12 @@ class SelectManyIterator(Stage[Any]):
             self._anchor, self._consumed = state["source"], state["consumed"]
         if self._consumed < 0:
             raise self.mismatch(f"'consumed' must be >= 0, got {self._consumed}")
+        self._base = self._restore_budget(state) - self._consumed
         collections = self._read_now() if self._read_ahead == 0 else self._read_early()
-        self._iterator = self._generate(collections, self._consumed)
+        if self._budget is None:
+            self._iterator = self._generate(collections, self._consumed)
+        else:
+            self._iterator = self._generate_skipping(collections, self._consumed, self._budget)
 
     def _state_before_last(self) -> State | None:
         state = self.getstate()
@@ -177,6 +223,9 @@ class SelectManyIterator(Stage[Any]):
     def _read_now(self) -> Collections:
         """(source state before the item, the item, how to get its collection) per item."""
         source, select = self._source, partial(_select, self._selector, self._selector_name)
+        if self._budget is not None:
+            run = self._budget.policy.longest_run
+            select = partial(_select_tolerant, self._selector, self._selector_name, run)
         pull = fast_iterator(source)
         while True:
             anchor = source_state(source)
@@ -189,6 +238,7 @@ class SelectManyIterator(Stage[Any]):
     def _read_early(self) -> Collections:
         """As `_read_now`, with the next `read_ahead` collections read in threads."""
         source, selector = self._source, self._selector
+        run = None if self._budget is None else self._budget.policy.longest_run
         pull = fast_iterator(source)
         pending: deque[tuple[State, Any, _Read]] = deque()
         exhausted = False
@@ -205,7 +255,7 @@ class SelectManyIterator(Stage[Any]):
                     except Exception as error:
                         exhausted, failure = True, error
                         break
-                    pending.append((anchor, item, _Read(selector, self._selector_name, item)))
+                    pending.append((anchor, item, _Read(selector, self._selector_name, item, run)))
                 if not pending:
                     if failure is not None:
                         raise failure
@@ -232,6 +282,54 @@ class SelectManyIterator(Stage[Any]):
             if not self._consumed and on_empty is not None:
                 on_empty(item)
             skip = 0
+        if skip:
+            raise self.mismatch(
+                f"the checkpoint is inside a collection ({skip} items consumed), "
+                "but the source is exhausted"
+            )
+        self._anchor, self._consumed = source_state(self._source), 0
+
+    def _generate_skipping(
+        self, collections: Collections, skip: int, budget: Budget
+    ) -> Iterator[Any]:
+        """`_generate`, with the records and chunks whose reading raised skipped (their
+        `BadRecord`s counted in `budget`); `_consumed` counts them as positions."""
+        on_empty = self._on_empty
+        for self._anchor, item, collection in collections:
+            self._consumed = skip
+            try:
+                try:
+                    inner = collection()
+                except Exception as error:
+                    if skip:  # it opened before the checkpoint: a real failure
+                        raise
+                    budget.skip(failure(error), self._base, "chunk", item)
+                    self._base += 1
+                    continue
+                if skip:
+                    skip_items(self, inner, skip, "the current collection")
+                while (output := next(inner, _END)) is not _END:
+                    if type(output) is BadRecord:
+                        kind = "record"
+                        if self._consumed == 0:  # nothing read: is there anything after it?
+                            following = next(inner, _END)
+                            if following is _END:
+                                kind = "chunk"
+                            else:
+                                inner = chain((following,), inner)
+                        position = self._base + self._consumed
+                        budget.skip(output, position, kind, item, self._consumed)
+                        self._consumed += 1
+                        continue
+                    self._consumed += 1
+                    yield output
+            except Exception as error:
+                self._note_reading_error(error, item)
+                raise
+            if not self._consumed and on_empty is not None:
+                on_empty(item)
+            self._base += self._consumed
+            self._consumed = skip = 0
         if skip:
             raise self.mismatch(
                 f"the checkpoint is inside a collection ({skip} items consumed), "

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from random import Random
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from ._base import (
     CheckpointableIterator,
@@ -26,20 +26,30 @@ from ._rng import (
     read_mark,
     resolve_seed,
 )
+from .records import BudgetedStage, OnError, SkipBudgetExceeded, failure
 
 T = TypeVar("T")
 U = TypeVar("U")
 
 
-class MapIterator(Stage[U]):
+class MapIterator(BudgetedStage[U]):
     """Yields ``transform(item)`` for each item of the source.
 
     The source is not reset (as in infinibatch). Chains of MapIterators run as nested
     builtin ``map`` objects: a stage adds only the cost of calling its transform.
 
+    Args:
+        source_iterator: the source.
+        transform: the function to apply.
+        on_error: ``"raise"`` (default), or a `SkipPolicy`: an item whose transform
+            raises an Exception is skipped and entered in the ledger (`skipped`), within
+            the policy's budget. This runs the map as a Python generator (a little slower
+            per item than the builtin ``map`` of ``"raise"``).
+
     Raises:
         Exception: whatever `transform` raises, with a note naming this stage, the
             transform and the item.
+        SkipBudgetExceeded: with a `SkipPolicy`, when more items fail than it allows.
 
     Checkpoint:
         ``{"source"}``: the source's state; nothing is re-read on restore. After an error
@@ -49,6 +59,10 @@ class MapIterator(Stage[U]):
         the block-wise shuffle and bucketed batches, and MapIterators over them; over any
         other source `getstate` raises RuntimeError after such an error (restore a
         checkpoint taken before it): keeping each input would cost every item a copy.
+        With a `SkipPolicy`, also ``"skips"``: the budget window and the ledger (see
+        `infinibatch_like.records.Budget`; bounded by ``keep_last``); a restore skips
+        the same items again. When the budget is exceeded, the state steps back to the
+        failing item as after an error.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"source": dict}
@@ -56,29 +70,68 @@ class MapIterator(Stage[U]):
     _loses_input_on_error = True
 
     def __init__(
-        self, source_iterator: CheckpointableIterator[T], transform: Callable[[T], U]
+        self,
+        source_iterator: CheckpointableIterator[T],
+        transform: Callable[[T], U],
+        *,
+        on_error: OnError = "raise",
     ) -> None:
         require_checkpointable("MapIterator", "source_iterator", source_iterator)
         require_callable("MapIterator", "transform", transform)
+        self._init_budget("MapIterator", on_error)
         self._source = source_iterator
         self._sources = (source_iterator,)
         self._transform = transform
-        self._iterator = map(transform, fast_iterator(source_iterator))
+        self._seen = 0
+        self._iterator = self._mapped()
+
+    def _mapped(self) -> Iterator[U]:
+        if self._budget is None:
+            return map(self._transform, fast_iterator(self._source))
+        return self._skipping(fast_iterator(self._source))
+
+    def _skipping(self, pull: Iterator[Any]) -> Iterator[U]:
+        """The transform's outputs, with the items whose transform raised skipped."""
+        transform, budget = self._transform, self._budget
+        assert budget is not None
+        for item in pull:
+            position = self._seen
+            try:
+                output = transform(item)
+            except Exception as error:
+                try:
+                    budget.skip(failure(error), position, "item")
+                except SkipBudgetExceeded as exceeded:
+                    self._lost_input = (
+                        f"{exceeded}; the item it failed on is consumed from the source and "
+                        "the source cannot step back to it. Restore a checkpoint taken before "
+                        "the error (setstate) to continue"
+                    )
+                    raise exceeded from error
+                self._seen = position + 1
+                continue
+            self._seen = position + 1
+            yield output
 
     def _state(self) -> State:
-        return {"source": source_state(self._source)}
+        return {"source": source_state(self._source), **self._skip_fields(self._seen)}
 
     def _restore(self, state: State | None) -> None:
         self.restore_source(self._source, None if state is None else state["source"], "source")
-        self._iterator = map(self._transform, fast_iterator(self._source))
+        self._seen = self._restore_budget(state)
+        self._iterator = self._mapped()
 
     def _fields_after_lost_input(self) -> State:
         before = state_before_last(self._source)  # one in, one out
-        return super()._fields_after_lost_input() if before is None else {"source": before}
+        if before is None:
+            return super()._fields_after_lost_input()
+        return {"source": before, **self._skip_fields(self._seen)}
 
     def _state_before_last(self) -> State | None:
         before = state_before_last(self._source)  # one in, one out
-        return None if before is None else {"stage": self._name, "source": before}
+        if before is None:
+            return None
+        return {"stage": self._name, "source": before, **self._skip_fields(self._seen - 1)}
 
 
 class SamplingRandomMapIterator(Stage[U]):

@@ -17,14 +17,40 @@ from ._background.pool import Pool, ProcessPool, ThreadPool
 from ._background.stage import BackgroundStage, Runner
 from ._base import (
     CheckpointableIterator,
+    State,
     fast_iterator,
     require_callable,
     require_checkpointable,
     require_int,
     source_state,
 )
+from .records import (
+    BadRecord,
+    Budget,
+    BudgetedStage,
+    OnError,
+    SkipBudgetExceeded,
+    failure,
+)
 
 _MODES = ("process", "thread")
+
+
+class _Guarded:
+    """`transform`, returning a `BadRecord` for an item it raises an Exception on (run by
+    the workers of a ParallelMapIterator that skips bad records)."""
+
+    def __init__(self, transform: Callable[[Any], Any]) -> None:
+        self.transform = transform
+
+    def __call__(self, item: Any) -> Any:
+        try:
+            return self.transform(item)
+        except Exception as error:
+            return failure(error)
+
+    def __repr__(self) -> str:
+        return repr(self.transform)
 
 
 class _Dispatcher:
@@ -152,7 +178,7 @@ class _MapRunner(Runner):
                 self.stop()
 
 
-class ParallelMapIterator(BackgroundStage[Any]):
+class ParallelMapIterator(BudgetedStage[Any], BackgroundStage[Any]):
     """Yields ``transform(item)`` for each item of the source, like `MapIterator`, with the
     transform running in `num_processes` worker processes (or threads).
 
@@ -187,6 +213,9 @@ class ParallelMapIterator(BackgroundStage[Any]):
             parallel; items and results are pickled) or ``"thread"`` (worker threads of
             this process: for transforms that release the GIL, such as decompression,
             image decoding, numpy or remote reads; nothing is pickled).
+        on_error: ``"raise"`` (default), or a `SkipPolicy`: an item whose transform
+            raises an Exception (in a worker process or thread) is skipped and entered in
+            the ledger (`skipped`), within the policy's budget.
 
     Raises:
         ValueError: for an argument out of range, an unknown mode or start method.
@@ -194,6 +223,8 @@ class ParallelMapIterator(BackgroundStage[Any]):
             item that raised it, with the worker's traceback as ``__cause__`` and a note
             naming the stage; ``getstate()`` then points at that item.
         WorkerError: (a RuntimeError) if a worker process dies, within a second or so.
+        SkipBudgetExceeded: with a `SkipPolicy`, when more items fail than it allows;
+            ``getstate()`` then raises (restore an earlier checkpoint).
 
     Checkpoint:
         ``{"source", "replay"}``: the source's state recorded at or before the consumer's
@@ -201,7 +232,8 @@ class ParallelMapIterator(BackgroundStage[Any]):
         after restores; a state with more is refused). Size: one source state plus an int.
         A restore sets the source to that state and skips `replay` source items without
         transforming them: at most `snapshot_every` re-read items. Results in flight are
-        computed again.
+        computed again. With a `SkipPolicy`, also ``"skips"``: the budget window and the
+        ledger (bounded by ``keep_last``); a restore skips the same items again.
     """
 
     def __init__(
@@ -215,6 +247,7 @@ class ParallelMapIterator(BackgroundStage[Any]):
         start_method: str | None = None,
         snapshot_every: int = 100,
         mode: str = "process",
+        on_error: OnError = "raise",
     ) -> None:
         owner = "ParallelMapIterator"
         require_checkpointable(owner, "source_iterator", source_iterator)
@@ -229,10 +262,11 @@ class ParallelMapIterator(BackgroundStage[Any]):
             raise ValueError(f"{owner}: mode must be one of {_MODES}, got {mode!r}")
         if mode == "process":
             get_context(owner, start_method)
+        self._init_budget(owner, on_error)
         runner = _MapRunner(
             source_iterator,
             snapshot_every,
-            transform,
+            transform if self._budget is None else _Guarded(transform),
             num_processes,
             num_items_per_process,
             tasks_in_flight,
@@ -240,3 +274,29 @@ class ParallelMapIterator(BackgroundStage[Any]):
             start_method,
         )
         self._init_background(source_iterator, runner)
+
+    def _state(self) -> State:
+        return {**super()._state(), **self._skip_fields(self._seen)}
+
+    def _restore(self, state: State | None) -> None:
+        super()._restore(state)
+        self._seen = self._restore_budget(state)
+        if self._budget is not None:
+            self._iterator = self._skipping(self._iterator, self._budget)
+
+    def _skipping(self, outputs: Iterator[Any], budget: Budget) -> Iterator[Any]:
+        """The workers' outputs, with the `BadRecord`s of failed items counted and left out."""
+        for output in outputs:
+            position = self._seen
+            self._seen = position + 1
+            if type(output) is not BadRecord:
+                yield output
+                continue
+            try:
+                budget.skip(output, position, "item")
+            except SkipBudgetExceeded as exceeded:
+                self._lost_input = (
+                    f"{exceeded}; the position after it is not recorded: restore a "
+                    "checkpoint taken before the error (setstate) to continue"
+                )
+                raise

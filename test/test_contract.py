@@ -13,6 +13,8 @@ import infinibatch_like.iterators as it
 from infinibatch_like._base import CheckpointableIterator
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.distributed import EqualLengthIterator
+from infinibatch_like.records import SkipPolicy
+from infinibatch_like.skipping import SkipIterator
 from infinibatch_like.testing import assert_checkpointable
 
 CHUNKS = [[f"c{c}-{i}" for i in range(c % 4 + 1)] for c in range(9)]
@@ -28,6 +30,45 @@ def read_chunk(index: int) -> list[str]:
 
 def add_one(x: int) -> int:
     return x + 1
+
+
+def fail_on_sevens(x: int) -> int:
+    if x % 7 == 3:
+        raise ValueError(f"bad item {x}")
+    return x + 1
+
+
+def fail_on_c7(record: str) -> str:
+    if record == "c7-4":
+        raise ValueError(f"bad record {record}")
+    return record.upper()
+
+
+class FlakyRecords:
+    """The records of chunk `index`, raising on every third one and going on after it."""
+
+    def __init__(self, index: int) -> None:
+        self.index, self.position = index, 0
+
+    def __iter__(self) -> FlakyRecords:
+        return self
+
+    def __next__(self) -> str:
+        self.position += 1
+        if self.position > self.index % 4 + 2:
+            raise StopIteration
+        if self.position % 3 == 0:
+            raise ValueError(f"bad record {self.position} of chunk {self.index}")
+        return f"c{self.index}-{self.position}"
+
+
+def read_flaky_chunk(index: int) -> FlakyRecords:
+    if index == 5:
+        raise FileNotFoundError(f"chunk {index}")
+    return FlakyRecords(index)
+
+
+SKIPS = SkipPolicy(max_skips=2, per_items=7, keep_last=3)
 
 
 def running_sum(total: int, x: int) -> tuple[int, int]:
@@ -93,8 +134,18 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
         lambda: it.SelectManyIterator(
             it.NativeCheckpointableIterator(list(range(9))), read_chunk, read_ahead=2
         ),
+        lambda: it.SelectManyIterator(
+            it.NativeCheckpointableIterator(list(range(12))), read_flaky_chunk, on_error=SKIPS
+        ),
+        lambda: it.SelectManyIterator(
+            it.NativeCheckpointableIterator(list(range(12))), read_flaky_chunk, read_ahead=2,
+            on_error=SKIPS,
+        ),
     ],
-    "MapIterator": [lambda: it.MapIterator(native(), add_one)],
+    "MapIterator": [
+        lambda: it.MapIterator(native(), add_one),
+        lambda: it.MapIterator(native(40), fail_on_sevens, on_error=SKIPS),
+    ],
     "SamplingRandomMapIterator": [lambda: it.SamplingRandomMapIterator(native(), jitter, 7)],
     "RecurrentIterator": [lambda: it.RecurrentIterator(native(), running_sum, 0)],
     "ZipIterator": [lambda: it.ZipIterator(native(30), native(19), it.RandomIterator(1))],
@@ -166,6 +217,12 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
             it.PrefetchIterator(native(20), 6, snapshot_every=5), add_one, 2, 2,
             snapshot_every=3,
         ),
+        lambda: it.ParallelMapIterator(native(40), fail_on_sevens, 2, 3, snapshot_every=4,
+                                       mode="thread", on_error=SKIPS),
+    ],
+    "SkipIterator": [
+        lambda: SkipIterator(it.MapIterator(native(40), add_one), skip=[(3, 6), (10, 11)]),
+        lambda: SkipIterator(native(12), skip=[(9, 30)]),
     ],
     "chunked_dataset_iterator": [
         lambda: chunked_dataset_iterator(list(range(9)), read_chunk, buffer_size=5, seed=2),
@@ -183,6 +240,8 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
         lambda: chunked_dataset_iterator(list(range(9)), read_chunk, buffer_size=4, seed=3,
                                          epochs=2, prefetch=True, num_instances=3,
                                          instance_rank=2),
+        lambda: chunked_dataset_iterator(list(range(12)), read_flaky_chunk, buffer_size=4,
+                                         seed=3, transform=fail_on_c7, on_error=SKIPS),
     ],
 }
 

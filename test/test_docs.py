@@ -40,6 +40,7 @@ RUNNABLE_PAGES = [
     "howto/batching.md",
     "howto/parallelism.md",
     "howto/checkpoints.md",
+    "howto/long-runs.md",
     "concepts.md",
     "migrating.md",
     "distributed.md",
@@ -64,6 +65,7 @@ EXPECTED_PAGES = [
     "api/testing.md",
     "api/distributed.md",
     "api/torch.md",
+    "api/long-runs.md",
 ]
 
 # API page -> (object, a phrase of its docstring) that the page must show.
@@ -110,6 +112,13 @@ API_CONTENT = {
         ("EqualLengthIterator", "the same number of items"),
     ],
     "api/torch.md": [("CheckpointableDataset", "IterableDataset"), ("pad_batch", "")],
+    "api/long-runs.md": [
+        ("SkipPolicy", "whose reading or transform raises"),
+        ("skip_ledgers", "The ledgers of every stage"),
+        ("ParsedRecords", "goes on with the next record"),
+        ("SkipIterator", "leaving out the items at chosen positions"),
+        ("Watchdog", "reports when the consumer waits too long"),
+    ],
 }
 
 FENCE = re.compile(r"^```python(?P<attrs>[^\n]*)\n(?P<code>.*?)^```[ \t]*$", re.M | re.S)

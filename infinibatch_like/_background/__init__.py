@@ -11,4 +11,6 @@ consumer, shared by every background stage.
 - `pool`: the workers of a parallel map (processes or threads).
 - `cursor`: the consumer's position: a source snapshot and the items consumed since.
 - `stage`: `BackgroundStage`, the base of `PrefetchIterator` and `ParallelMapIterator`.
+- `stacks`: the stacks of this process's threads and of its worker processes (for the
+  `Watchdog`'s reports).
 """

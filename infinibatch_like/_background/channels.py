@@ -25,6 +25,7 @@ from .lifecycle import (
     POLL_S,
     THREAD_STOP_S,
     Resource,
+    check_interrupt,
     get_context,
     start_process,
     stop_process,
@@ -158,6 +159,7 @@ class ThreadChannel(Channel):
             try:
                 return _opened(get(True, POLL_S))  # type: ignore[return-value]
             except queue.Empty:
+                check_interrupt()
                 if not self._thread.is_alive():
                     try:
                         return _opened(get(False))  # type: ignore[return-value]
@@ -303,6 +305,15 @@ class ProcessChannel(Channel):
     def _alive(self) -> bool:
         return self._process.exitcode is None
 
+    def _waiting(self) -> bool:
+        """`_alive`, checked while the consumer waits: a pending interrupt is raised."""
+        check_interrupt()
+        return self._alive()
+
+    def pids(self) -> list[int]:
+        pid = self._process.pid
+        return [pid] if pid is not None and self._alive() else []
+
     def receive(self) -> Batch | End:
         try:
             frame = self._reader.read(0)
@@ -313,7 +324,7 @@ class ProcessChannel(Channel):
                 logger.warning(
                     "%s: the prefetch buffer is empty; waiting for its worker", self.name
                 )
-            frame = wire.read_until(self._reader, self._alive, POLL_S, LAST_WORDS_S)
+            frame = wire.read_until(self._reader, self._waiting, POLL_S, LAST_WORDS_S)
             if frame is None:
                 self.stop_worker()
                 raise died(self.name, self._process.pid, self._process.exitcode)

@@ -23,6 +23,8 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from . import stacks
+
 logger = logging.getLogger("infinibatch_like")
 
 POLL_S = 0.1
@@ -39,6 +41,29 @@ PARENT_CHECK_S = 0.5
 
 THREAD_STOP_S = 60.0
 """How long a worker thread may take to stop before `close()` gives up on it (seconds)."""
+
+
+_INTERRUPTS: dict[int, BaseException] = {}
+
+
+def interrupt(thread: int, error: BaseException) -> None:
+    """Make the consumer thread `thread` raise `error` where it waits for a background
+    stage (it checks every `POLL_S` while waiting: a point where it holds no lock)."""
+    _INTERRUPTS[thread] = error
+
+
+def cancel_interrupt(thread: int) -> bool:
+    """Withdraw an `interrupt` not raised yet; whether there was one."""
+    return _INTERRUPTS.pop(thread, None) is not None
+
+
+def check_interrupt() -> None:
+    """Raise the error of an `interrupt` of this thread, if there is one (called by the
+    consumer's wait loops, not per item)."""
+    if _INTERRUPTS:
+        error = _INTERRUPTS.pop(threading.get_ident(), None)
+        if error is not None:
+            raise error
 
 
 def get_context(owner: str, start_method: str | None) -> BaseContext:
@@ -73,6 +98,15 @@ class Resource:
 
     def _shutdown(self) -> None:
         raise NotImplementedError
+
+    def pids(self) -> list[int]:
+        """The process ids of its live worker processes (none for threads)."""
+        return []
+
+
+def worker_pids() -> list[int]:
+    """The process ids of this process's live worker processes."""
+    return [pid for resource in list(_LIVE) if resource.owned() for pid in resource.pids()]
 
 
 _LIVE: set[Resource] = set()
@@ -165,8 +199,9 @@ def parent_alive(parent: int) -> bool:
 
 
 def worker_setup(parent: int, on_exit: Callable[[], None]) -> None:
-    """What a worker process does first: leave Ctrl-C to its consumer, and run `on_exit`
-    then exit at once on SIGTERM or when `parent` is gone (checked every `PARENT_CHECK_S`).
+    """What a worker process does first: leave Ctrl-C to its consumer, run `on_exit`
+    then exit at once on SIGTERM or when `parent` is gone (checked every `PARENT_CHECK_S`),
+    and answer requests for its stacks (`stacks.STACKS_SIGNAL`, e.g. from a `Watchdog`).
 
     Both are watched by a thread of its own. A SIGTERM reaches it through the signal
     wakeup descriptor, whichever thread the signal lands on: a handler would run only in
@@ -177,14 +212,23 @@ def worker_setup(parent: int, on_exit: Callable[[], None]) -> None:
     os.set_blocking(wakeup_writer, False)
     signal.set_wakeup_fd(wakeup_writer, warn_on_full_buffer=False)
     signal.signal(signal.SIGTERM, lambda *_: None)  # taken by the watch thread
+    signal.signal(stacks.STACKS_SIGNAL, lambda *_: None)  # likewise
     signals = select.poll()
     signals.register(wakeup_reader, select.POLLIN)
     ppid = os.getppid()
 
     def watch() -> None:
         while os.getppid() == ppid and parent_alive(parent):
-            if signals.poll(1000 * PARENT_CHECK_S) and signal.SIGTERM in os.read(wakeup_reader, 64):
+            if not signals.poll(1000 * PARENT_CHECK_S):
+                continue
+            received = os.read(wakeup_reader, 64)
+            if signal.SIGTERM in received:
                 break
+            if stacks.STACKS_SIGNAL in received:
+                try:
+                    stacks.answer_stacks_request(worker_pids())
+                except Exception:  # a report must never stop the worker
+                    logger.exception("infinibatch_like: could not report a worker's stacks")
         # Exit right here: unwinding the main thread could leave a lock held.
         try:
             on_exit()

@@ -20,6 +20,7 @@ from .lifecycle import (
     JOIN_S,
     POLL_S,
     Resource,
+    check_interrupt,
     get_context,
     parent_alive,
     start_process,
@@ -189,6 +190,7 @@ class ProcessPool(Pool):
             for process in self._processes:
                 if process.exitcode is not None:
                     raise died(self._name, process.pid, process.exitcode)
+            check_interrupt()
             for fd, _ in self._poll.poll(1000 * POLL_S):
                 try:
                     frame = self._readers[fd].read(0)
@@ -198,6 +200,9 @@ class ProcessPool(Pool):
                     result: Result = pickle.loads(frame)
                     self._unfinished[self._worker_of.pop(result.number)] -= 1
                     return result
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._processes if p.pid is not None and p.exitcode is None]
 
     def _shutdown(self) -> None:
         for process in self._processes:
@@ -251,6 +256,7 @@ class ThreadPool(Pool):
             try:
                 return self._results.get(True, POLL_S)
             except queue.Empty:
+                check_interrupt()
                 if not all(thread.is_alive() for thread in self._threads):
                     raise WorkerError(f"{self._name}: a worker thread stopped") from None
 

@@ -1,0 +1,161 @@
+"""Watchdog: a consumer waiting too long is reported with the stage it waits on and the
+stacks of every worker thread and process; raise mode raises; nothing leaks."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import infinibatch_like.iterators as it
+from infinibatch_like.watchdog import StallError, Watchdog
+
+
+class BlockingRead:
+    """Returns its item; item 2 waits until the file `gate` exists (in any process)."""
+
+    def __init__(self, gate: Path) -> None:
+        self.gate = gate
+
+    def __call__(self, item: int) -> int:
+        if item == 2:
+            wait_for_gate(self.gate)
+        return item
+
+
+def wait_for_gate(gate: Path) -> None:
+    while not gate.exists():
+        time.sleep(0.01)
+
+
+def pipeline(gate: Path, mode: str) -> Watchdog[str] | Any:
+    source = it.MapIterator(it.NativeCheckpointableIterator([1, 2, 3]), BlockingRead(gate))
+    return it.MapIterator(it.PrefetchIterator(source, 4, mode=mode), str)
+
+
+@pytest.fixture
+def no_leaks() -> Any:
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (
+        set(threading.enumerate()) - before or multiprocessing.active_children()
+    ):
+        time.sleep(0.05)
+    assert not set(threading.enumerate()) - before
+    assert not multiprocessing.active_children()
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_a_stall_is_logged_with_the_stage_and_the_workers_stacks_then_waiting_goes_on(
+    mode: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, no_leaks: None
+) -> None:
+    gate = tmp_path / "gate"
+    reported = threading.Event()
+
+    class Release(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            reported.set()
+            gate.touch()
+
+    release = Release(logging.WARNING)
+    logging.getLogger("infinibatch_like").addHandler(release)
+    try:
+        with caplog.at_level(logging.WARNING, logger="infinibatch_like"), Watchdog(
+            pipeline(gate, mode), timeout_s=0.4
+        ) as watched:
+            assert next(watched) == "1"
+            assert next(watched) == "2"  # reported, then released by the handler
+            assert list(watched) == ["3"]
+    finally:
+        logging.getLogger("infinibatch_like").removeHandler(release)
+    assert reported.is_set()
+    report = "\n".join(r.getMessage() for r in caplog.records if "Watchdog" in r.getMessage())
+    kind = "worker processes [" if mode == "process" else "worker threads"
+    assert (
+        "Watchdog: no item reached the consumer for 0.4 s: MapIterator > PrefetchIterator is "
+        "waiting on its source MapIterator > NativeCheckpointableIterator, produced by its "
+        f"{kind}"
+    ) in report
+    worker = "Worker process " if mode == "process" else 'Thread "infinibatch_like.Prefetch'
+    stacks = report[report.index(worker):]
+    assert "in wait_for_gate" in stacks
+    assert "in __call__\n    wait_for_gate(self.gate)" in stacks
+
+
+class OpenLater(logging.Handler):
+    """Opens `gate` one second after a report: a worker thread stuck in user code cannot
+    be stopped, so the PrefetchIterator that the StallError stops waits for it."""
+
+    def __init__(self, gate: Path) -> None:
+        super().__init__(logging.WARNING)
+        self.gate = gate
+
+    def emit(self, record: logging.LogRecord) -> None:
+        threading.Timer(1.0, self.gate.touch).start()
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_raise_mode_raises_within_the_timeout_naming_the_stage(
+    mode: str, tmp_path: Path, no_leaks: None
+) -> None:
+    gate = tmp_path / "gate"
+    watched = Watchdog(pipeline(gate, mode), timeout_s=0.4, action="raise")
+    opener = OpenLater(gate)
+    if mode == "thread":
+        logging.getLogger("infinibatch_like").addHandler(opener)
+    try:
+        assert next(watched) == "1"
+        start = time.monotonic()
+        with pytest.raises(StallError, match="MapIterator > PrefetchIterator is waiting on its "
+                           "source MapIterator > NativeCheckpointableIterator"):
+            next(watched)
+        assert time.monotonic() - start < 0.4 * 1.25 + 2 + 1.5  # check period, stacks, slack
+        with pytest.raises(RuntimeError, match="MapIterator stopped after an error "
+                           r"\(StallError: Watchdog: no item"):
+            next(watched)
+    finally:
+        logging.getLogger("infinibatch_like").removeHandler(opener)
+        gate.touch()
+        watched.close()
+
+
+def test_time_outside_next_is_not_a_stall_and_states_pass_through(
+    caplog: pytest.LogCaptureFixture, no_leaks: None
+) -> None:
+    source = it.NativeCheckpointableIterator(list(range(5)))
+    with caplog.at_level(logging.WARNING, logger="infinibatch_like"), Watchdog(
+        source, timeout_s=0.2
+    ) as watched:
+        assert next(watched) == 0
+        time.sleep(0.5)  # the training step: the consumer is not waiting
+        assert next(watched) == 1
+        state = watched.getstate()
+        assert state == source.getstate()
+        watched.setstate(None)
+        assert next(watched) == 0
+        watched.setstate(state)
+        assert list(watched) == [2, 3, 4]
+    assert not caplog.records
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"timeout_s": 0}, ValueError, "Watchdog: timeout_s must be > 0, got 0"),
+        ({"timeout_s": True}, TypeError, "Watchdog: timeout_s must be a number, got True"),
+        ({"timeout_s": 1, "action": "kill"}, ValueError,
+         r"Watchdog: action must be one of \('log', 'raise'\), got 'kill'"),
+        ({"pipeline": [1], "timeout_s": 1}, ValueError,
+         "Watchdog: pipeline must be a CheckpointableIterator, got list"),
+    ],
+)
+def test_bad_arguments_are_refused(kwargs: dict[str, Any], error: type, message: str) -> None:
+    arguments = {"pipeline": it.NativeCheckpointableIterator([1]), **kwargs}
+    with pytest.raises(error, match=message):
+        Watchdog(**arguments)
