@@ -1,0 +1,305 @@
+"""Checkpoint files: a pipeline's state saved atomically as JSON, and loaded back safely.
+
+``save_checkpoint(path, state)`` writes ``{"format", "version", "fingerprint", "state"}``
+as JSON: local paths through a temporary file in the same directory, fsync, rename and an
+fsync of the directory; URLs (``s3://``, ``memory://``, any fsspec protocol) with a single
+put of the whole file. A reader therefore sees the previous checkpoint or the new one,
+never a part. ``load_checkpoint(path)`` refuses an empty, truncated or foreign file with a
+`CheckpointFileError` naming the path and what is wrong.
+
+Keeping the last k checkpoints: give a path with ``{step}`` in its file name, such as
+``"ckpt/data-{step}.json"``, with ``step=`` and ``keep=k``; the files of older steps
+beyond the last k are removed after the new one is written. ``load_checkpoint`` of the
+same pattern loads the file with the highest step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+from ._base import State
+
+FORMAT = "infinibatch_like.checkpoint"
+"""The value of the ``"format"`` field of every checkpoint file."""
+VERSION = 1
+"""The version of the file layout written by `save_checkpoint`."""
+STEP_FIELD = "{step}"
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
+_PREVIEW = 60
+
+
+class CheckpointFileError(ValueError):
+    """A checkpoint file is missing, empty, truncated, damaged or not a checkpoint."""
+
+
+def save_checkpoint(
+    path: str | os.PathLike[str],
+    state: State,
+    *,
+    step: int | None = None,
+    keep: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> str:
+    """Write `state` (e.g. ``pipeline.getstate()``) to `path`, atomically, as JSON.
+
+    Args:
+        path: a local path or an fsspec URL. With ``{step}`` in its file name (e.g.
+            ``"ckpt/data-{step}.json"``), the file of `step` is written.
+        state: plain data (a dict with str keys; lists, str, int, float, bool, None), such
+            as a pipeline's ``getstate()``, possibly with keys of your own.
+        step: the training step, required by (and only allowed with) a ``{step}`` path.
+        keep: with a ``{step}`` path, keep only the files of the `keep` highest steps
+            (>= 1), this one included; None keeps every file.
+        storage_options: passed to fsspec for URLs (credentials, endpoints).
+
+    Returns:
+        The path or URL written.
+
+    Raises:
+        TypeError: if `state` is not a dict, holds something other than plain data, or
+            `step`/`keep` is not an int.
+        ValueError: for `step`/`keep` without ``{step}`` in the path or the reverse, a
+            negative step or ``keep < 1``.
+        OSError: from the file system; the previous file, if any, is left intact.
+    """
+    target = _resolve_target(os.fspath(path), step, keep)
+    if not isinstance(state, dict):
+        raise TypeError(f"save_checkpoint: state must be a dict, got {type(state).__name__}")
+    document = {
+        "format": FORMAT,
+        "version": VERSION,
+        "fingerprint": pipeline_fingerprint(state),
+        "state": state,
+    }
+    try:
+        data = json.dumps(document, allow_nan=False, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as error:
+        raise TypeError(
+            f"save_checkpoint({target!r}): the state is not plain data (dicts with str keys, "
+            f"lists, str, int, finite float, bool, None): {error}"
+        ) from error
+    _write_atomically(target, data, storage_options)
+    if keep is not None:
+        pattern = os.fspath(path)
+        for _, old in _steps(pattern, storage_options)[:-keep]:
+            _remove(old, storage_options)
+    return target
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
+) -> State:
+    """Read a state written by `save_checkpoint`.
+
+    Args:
+        path: the path or URL given to `save_checkpoint`; with ``{step}`` in its file
+            name, the existing file with the highest step is read.
+        storage_options: passed to fsspec for URLs.
+
+    Returns:
+        The state, ready for ``pipeline.setstate(...)``.
+
+    Raises:
+        CheckpointFileError: (a ValueError) naming the file, if it does not exist (or no
+            file matches a ``{step}`` path), is empty, is truncated or not JSON, is not a
+            checkpoint of this library, is of a newer format version, or its state's
+            stage fingerprints differ from the fingerprint recorded with it.
+    """
+    pattern = os.fspath(path)
+    if STEP_FIELD in pattern:
+        found = _steps(pattern, storage_options)
+        if not found:
+            raise CheckpointFileError(f"load_checkpoint: no checkpoint file matches {pattern!r}")
+        source = found[-1][1]
+    else:
+        source = pattern
+    try:
+        data = _read(source, storage_options)
+    except FileNotFoundError as error:
+        raise CheckpointFileError(f"{source}: no such checkpoint file") from error
+    return _parse(source, data)
+
+
+def pipeline_fingerprint(state: Any) -> str:
+    """A short digest of the ``"fingerprint"`` fields of every stage state in `state`.
+
+    Two pipelines built with the same stream-deciding arguments have the same digest;
+    stages without such arguments contribute nothing.
+    """
+    fields: list[Any] = []
+    _collect_fingerprints(state, fields)
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _collect_fingerprints(value: Any, into: list[Any]) -> None:
+    if isinstance(value, dict):
+        if isinstance(value.get("stage"), str) and "fingerprint" in value:
+            into.append([value["stage"], value["fingerprint"]])
+        for item in value.values():
+            _collect_fingerprints(item, into)
+    elif isinstance(value, list):
+        for item in value:
+            _collect_fingerprints(item, into)
+
+
+def _parse(source: str, data: bytes) -> State:
+    if not data.strip():
+        raise CheckpointFileError(f"{source}: the checkpoint file is empty")
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        head = data[:_PREVIEW]
+        raise CheckpointFileError(
+            f"{source}: not a complete JSON document ({len(data)} bytes, starting {head!r}); "
+            f"the file is truncated or not a checkpoint: {error}"
+        ) from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        found = document.get("format") if isinstance(document, dict) else type(document).__name__
+        raise CheckpointFileError(
+            f'{source}: not a checkpoint file of infinibatch_like (expected "format": '
+            f"{FORMAT!r}, found {found!r})"
+        )
+    version = document.get("version")
+    if type(version) is not int or not 1 <= version <= VERSION:
+        raise CheckpointFileError(
+            f"{source}: checkpoint format version {version!r} is not supported (this "
+            f"version of infinibatch_like reads versions 1 to {VERSION})"
+        )
+    state = document.get("state")
+    if not isinstance(state, dict):
+        raise CheckpointFileError(
+            f'{source}: the checkpoint\'s "state" must be a dict, got {type(state).__name__}'
+        )
+    recorded = document.get("fingerprint")
+    actual = pipeline_fingerprint(state)
+    if recorded != actual:
+        raise CheckpointFileError(
+            f"{source}: the stage fingerprints in the state (digest {actual}) differ from the "
+            f"pipeline fingerprint recorded with it ({recorded!r}); the file was edited or "
+            "damaged"
+        )
+    return state
+
+
+def _resolve_target(path: str, step: int | None, keep: int | None) -> str:
+    for name, value in (("step", step), ("keep", keep)):
+        if value is not None and (type(value) is not int):
+            raise TypeError(f"save_checkpoint: {name} must be an int, got {value!r}")
+    has_field = STEP_FIELD in _name_of(path)
+    if STEP_FIELD in path and not has_field:
+        raise ValueError(
+            f"save_checkpoint: {STEP_FIELD} must be in the file name of the path, not in a "
+            f"directory: {path!r}"
+        )
+    if has_field and step is None:
+        raise ValueError(f"save_checkpoint: the path {path!r} has {STEP_FIELD}; give step=")
+    if not has_field and (step is not None or keep is not None):
+        given = "step" if step is not None else "keep"
+        raise ValueError(
+            f"save_checkpoint: {given}= needs a path with {STEP_FIELD} in its file name "
+            f"(e.g. 'ckpt/data-{{step}}.json'), got {path!r}"
+        )
+    if step is not None and step < 0:
+        raise ValueError(f"save_checkpoint: step must be >= 0, got {step}")
+    if keep is not None and keep < 1:
+        raise ValueError(f"save_checkpoint: keep must be >= 1, got {keep}")
+    return path.replace(STEP_FIELD, str(step)) if has_field else path
+
+
+def _name_of(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1].rsplit(os.sep, 1)[-1]
+
+
+def _step_matcher(pattern: str) -> re.Pattern[str]:
+    before, after = _name_of(pattern).split(STEP_FIELD, 1)
+    return re.compile(re.escape(before) + r"(\d+)" + re.escape(after))
+
+
+def _steps(pattern: str, storage_options: Mapping[str, Any] | None) -> list[tuple[int, str]]:
+    """(step, path) of the existing files matching the ``{step}`` pattern, by step."""
+    matcher = _step_matcher(pattern)
+    name = _name_of(pattern)
+    directory = pattern[: len(pattern) - len(name)]
+    found = []
+    for entry in _list_names(directory, storage_options):
+        match = matcher.fullmatch(entry)
+        if match:
+            found.append((int(match.group(1)), directory + entry))
+    return sorted(found)
+
+
+# Storage: local paths through the operating system, URLs through fsspec.
+
+
+def _is_url(path: str) -> bool:
+    return _URL.match(path) is not None
+
+
+def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
+    from fsspec.core import url_to_fs  # type: ignore[import-untyped]
+
+    return url_to_fs(url, **dict(storage_options or {}))  # type: ignore[no-any-return]
+
+
+def _write_atomically(target: str, data: bytes, storage_options: Mapping[str, Any] | None) -> None:
+    if _is_url(target):
+        fs, inner = _filesystem(target, storage_options)
+        fs.pipe_file(inner, data)
+        return
+    directory = os.path.dirname(os.path.abspath(target))
+    handle, temporary = tempfile.mkstemp(
+        prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=directory
+    )
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _read(source: str, storage_options: Mapping[str, Any] | None) -> bytes:
+    if _is_url(source):
+        fs, inner = _filesystem(source, storage_options)
+        return fs.cat_file(inner)  # type: ignore[no-any-return]
+    with open(source, "rb") as file:
+        return file.read()
+
+
+def _list_names(directory: str, storage_options: Mapping[str, Any] | None) -> list[str]:
+    if _is_url(directory):
+        fs, inner = _filesystem(directory, storage_options)
+        try:
+            return [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(inner, detail=False)]
+        except FileNotFoundError:
+            return []
+    try:
+        return os.listdir(directory or ".")
+    except FileNotFoundError:
+        return []
+
+
+def _remove(path: str, storage_options: Mapping[str, Any] | None) -> None:
+    if _is_url(path):
+        fs, inner = _filesystem(path, storage_options)
+        fs.rm_file(inner)
+    else:
+        os.unlink(path)
