@@ -1,0 +1,159 @@
+"""Compression chosen from a chunk's suffix, with the fastest decompressor installed.
+
+gzip uses python-isal's ``igzip`` if installed, else zlib-ng's ``gzip_ng``, else the
+standard library; ``.zst`` needs zstandard; ``.bz2`` and ``.xz`` use the standard library.
+The wrappers never close the raw stream under them; their caller does. Written gzip headers
+carry no time stamp and no file name, so the same data compresses to the same bytes (with
+the same gzip implementation and level).
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import importlib
+import io
+import lzma
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO, Any, BinaryIO, cast
+
+from .._extras import missing_extra
+
+READ_SIZE = 1 << 18
+"""Bytes of compressed input read at a time by the zstd reader."""
+
+REFUSED_SUFFIXES = frozenset(
+    {".lz4", ".lzma", ".lz", ".lzo", ".br", ".snappy", ".sz", ".z", ".zip", ".7z", ".tgz"}
+    | {".zlib", ".deflate", ".rar", ".tar"}
+)
+"""Suffixes of compressions and archives that are refused rather than read as plain data."""
+
+
+@dataclass(frozen=True)
+class Codec:
+    """A compression: how to wrap a raw byte stream for reading and for writing."""
+
+    name: str
+    reader: Callable[[BinaryIO], IO[bytes]]
+    writer: Callable[[BinaryIO, int | None], IO[bytes]]
+
+
+def codec_for(ref: str) -> Codec | None:
+    """The codec of `ref`'s suffix, or None for uncompressed data.
+
+    Raises:
+        ValueError: for a suffix of an unsupported compression or archive (e.g. ``.lz4``).
+        MissingExtraError: for ``.zst`` without zstandard.
+    """
+    name = ref.rsplit("/", 1)[-1]
+    suffix = name[name.rfind(".") :].lower() if "." in name else ""
+    if suffix == ".zst":
+        _zstandard()  # a missing extra is reported before any I/O
+    if suffix in _CODECS:
+        return _CODECS[suffix]
+    if suffix in REFUSED_SUFFIXES:
+        raise ValueError(
+            f"{ref}: the compression suffix {suffix!r} is not supported; supported: "
+            f"{', '.join(sorted(_CODECS))}, or no compression suffix for plain data"
+        )
+    return None
+
+
+def _gzip_module() -> Any:
+    """python-isal's igzip, else zlib-ng's gzip_ng, else the standard library's gzip."""
+    for name in ("isal.igzip", "zlib_ng.gzip_ng"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    return gzip
+
+
+def _gzip_reader(raw: BinaryIO) -> IO[bytes]:
+    return cast(IO[bytes], _gzip_module().GzipFile(fileobj=raw, mode="rb"))
+
+
+def _gzip_writer(raw: BinaryIO, level: int | None) -> IO[bytes]:
+    module = _gzip_module()
+    kwargs: dict[str, Any] = {} if level is None else {"compresslevel": level}
+    if module is gzip and level is None:
+        kwargs["compresslevel"] = 6  # the standard library's default, 9, is needlessly slow
+    return cast(
+        IO[bytes], module.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0, **kwargs)
+    )
+
+
+def _zstandard() -> Any:
+    try:
+        return importlib.import_module("zstandard")
+    except ImportError as error:
+        raise missing_extra("zstandard", "zstd", "reading and writing .zst chunks") from error
+
+
+class _ZstdReader(io.RawIOBase):
+    """Decompressed bytes of a zstd stream of one or more frames; a stream that ends inside
+    a frame raises EOFError (zstandard's own stream reader ends silently there)."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+        self._module = _zstandard()
+        self._decompressor = self._module.ZstdDecompressor()
+        self._frame = self._decompressor.decompressobj()
+        self._in_frame = False
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        while not self._pending:
+            data = self._raw.read(READ_SIZE)
+            if not data:
+                if self._in_frame:
+                    raise EOFError("the zstd data ends inside a frame (truncated)")
+                return 0
+            self._pending = self._feed(data)
+        size = min(len(view), len(self._pending))
+        view[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+    def _feed(self, data: bytes) -> bytes:
+        """Decompress `data`, starting new frames after finished ones."""
+        output = []
+        while data:
+            self._in_frame = True
+            output.append(self._frame.decompress(data))
+            if not self._frame.eof:
+                break
+            data = self._frame.unused_data
+            self._frame = self._decompressor.decompressobj()
+            self._in_frame = False
+        return b"".join(output)
+
+
+def _zstd_reader(raw: BinaryIO) -> IO[bytes]:
+    return io.BufferedReader(_ZstdReader(raw), buffer_size=1 << 20)
+
+
+def _zstd_writer(raw: BinaryIO, level: int | None) -> IO[bytes]:
+    compressor = _zstandard().ZstdCompressor(level=3 if level is None else level)
+    return cast(IO[bytes], compressor.stream_writer(raw, closefd=False))
+
+
+def _bz2_writer(raw: BinaryIO, level: int | None) -> IO[bytes]:
+    return bz2.BZ2File(raw, "wb", compresslevel=9 if level is None else level)
+
+
+def _xz_writer(raw: BinaryIO, level: int | None) -> IO[bytes]:
+    return lzma.LZMAFile(raw, "wb", preset=level)
+
+
+_CODECS = {
+    ".gz": Codec("gzip", _gzip_reader, _gzip_writer),
+    ".bz2": Codec("bzip2", lambda raw: bz2.BZ2File(raw, "rb"), _bz2_writer),
+    ".xz": Codec("xz", lambda raw: lzma.LZMAFile(raw, "rb"), _xz_writer),  # noqa: SIM115
+    ".zst": Codec("zstd", _zstd_reader, _zstd_writer),
+}

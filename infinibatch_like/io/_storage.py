@@ -1,0 +1,143 @@
+"""Where chunks live: local paths through the operating system, URLs through fsspec.
+
+A reference with a scheme (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``memory://``,
+``file://``) goes to the fsspec file system of that protocol, which takes credentials and
+endpoints from its usual places (environment variables such as ``AWS_ENDPOINT_URL``, fsspec
+configuration files) and from `storage_options`. For ``s3://`` the retries of s3fs and
+botocore are turned off unless `storage_options` sets them, so that every retry is this
+package's (backoff with jitter, counted in `retry_counts`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from collections.abc import Mapping
+from typing import Any, BinaryIO, cast
+
+from .._extras import missing_extra
+from .errors import ChunkReadError
+from .retry import RetryPolicy, call_with_retries, named_error
+
+StorageOptions = Mapping[str, Any]
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
+_S3 = ("s3", "s3a")
+
+
+def is_url(ref: str) -> bool:
+    """Whether `ref` is a URL (``scheme://...``) rather than a local path."""
+    return _URL.match(ref) is not None
+
+
+def protocol_of(ref: str) -> str:
+    return ref.split("://", 1)[0].lower()
+
+
+def filesystem(ref: str, storage_options: StorageOptions | None) -> tuple[Any, str]:
+    """The fsspec file system for URL `ref` and the path within it.
+
+    Raises:
+        MissingExtraError: without fsspec, or without s3fs for ``s3://``.
+        ImportError: without the fsspec backend of another protocol (e.g. gcsfs).
+    """
+    protocol = protocol_of(ref)
+    try:
+        import fsspec
+    except ImportError as error:
+        raise missing_extra("fsspec", "remote", f"reading {protocol}:// URLs") from error
+    options = _with_defaults(protocol, storage_options)
+    try:
+        return fsspec.core.url_to_fs(ref, **options)  # type: ignore[no-any-return]
+    except ImportError as error:
+        if protocol in _S3:
+            raise missing_extra("s3fs", "remote", "reading s3:// URLs") from error
+        raise ImportError(f"{ref}: no fsspec backend for {protocol}:// URLs: {error}") from error
+
+
+def _with_defaults(protocol: str, storage_options: StorageOptions | None) -> dict[str, Any]:
+    options = dict(storage_options or {})
+    if protocol in _S3:
+        options.setdefault("retries", 1)
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("retries", {"total_max_attempts": 1})
+        options["config_kwargs"] = config
+    return options
+
+
+def open_raw(
+    ref: str, storage_options: StorageOptions | None, policy: RetryPolicy | None
+) -> BinaryIO:
+    """The stored bytes of `ref`, unbuffered for URLs (a buffer above them is the caller's).
+
+    Raises:
+        ChunkNotFoundError, ChunkAccessError, ChunkReadError: naming `ref`.
+    """
+    if not is_url(ref):
+        try:
+            return open(ref, "rb")
+        except OSError as error:
+            raise named_error(error, ref, "opening") from error
+    fs, path = filesystem(ref, storage_options)
+    return cast(BinaryIO, RemoteRaw(fs, path, ref, policy))
+
+
+class RemoteRaw(io.RawIOBase):
+    """A remote object's bytes; a transient failure, on opening or in the middle, re-opens
+    the object and goes on at the same byte (after the retry policy's wait), so that no byte
+    is lost or repeated. A re-opened object must have the size and ETag it had at first."""
+
+    def __init__(self, fs: Any, path: str, ref: str, policy: RetryPolicy | None) -> None:
+        self._fs, self._path, self._ref, self._policy = fs, path, ref, policy
+        self._position = 0
+        self._file: Any = call_with_retries(self._open, ref, "opening", policy)
+        self._identity = _identity(self._file)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        size: int = call_with_retries(
+            lambda: self._read_once(buffer), self._ref, "reading", self._policy
+        )
+        self._position += size
+        return size
+
+    def _read_once(self, buffer: Any) -> int:
+        if self._file is None:
+            file = self._open()
+            if _identity(file) != self._identity:
+                file.close()
+                raise ChunkReadError(
+                    f"{self._ref} changed while it was being read (size and ETag before: "
+                    f"{self._identity}, now: {_identity(file)}); read it again from its start"
+                )
+            file.seek(self._position)
+            self._file = file
+        try:
+            return int(self._file.readinto(buffer))
+        except BaseException:
+            self._drop_file()
+            raise
+
+    def _open(self) -> Any:
+        return self._fs.open(self._path, "rb")
+
+    def _drop_file(self) -> None:
+        file, self._file = self._file, None
+        if file is not None:
+            with contextlib.suppress(Exception):  # a broken connection may fail to close
+                file.close()
+
+    def close(self) -> None:
+        self._drop_file()
+        super().close()
+
+
+def _identity(file: Any) -> tuple[object, object]:
+    """(size, ETag) of an opened fsspec file, where its file system reports them."""
+    details = getattr(file, "details", None)
+    if not isinstance(details, Mapping):
+        return (getattr(file, "size", None), None)
+    return (details.get("size"), details.get("ETag", details.get("etag")))
+
