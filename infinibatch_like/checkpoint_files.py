@@ -1,30 +1,31 @@
 """Checkpoint files: a pipeline's state saved atomically as JSON, and loaded back safely.
 
 ``save_checkpoint(path, state)`` writes ``{"format", "version", "fingerprint", "state"}``
-as JSON: local paths through a temporary file in the same directory, fsync, rename and an
-fsync of the directory; URLs (``s3://``, ``memory://``, any fsspec protocol) with a single
-put of the whole file. A reader therefore sees the previous checkpoint or the new one,
-never a part. ``load_checkpoint(path)`` refuses an empty, truncated or foreign file with a
+as JSON through `infinibatch_like.io.open_output`: local paths through a temporary file in
+the same directory, fsync, rename and an fsync of the directory; URLs (``s3://``,
+``memory://``, any fsspec protocol) with a single upload of the whole file. A reader
+therefore sees the previous checkpoint or the new one, never a part.
+``load_checkpoint(path)`` refuses an empty, truncated or foreign file with a
 `CheckpointFileError` naming the path and what is wrong.
 
 Keeping the last k checkpoints: give a path with ``{step}`` in its file name, such as
-``"ckpt/data-{step}.json"``, with ``step=`` and ``keep=k``; the files of older steps
-beyond the last k are removed after the new one is written. ``load_checkpoint`` of the
+``"ckpt/data-{step}.json"``, with ``step=`` and ``keep=k``; after the new file is
+written, only it and the files of the k - 1 highest other steps are kept. ``load_checkpoint`` of the
 same pattern loads the file with the highest step.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
 from ._base import State
+from .io import ChunkNotFoundError, list_chunks, open_chunk, open_output
+from .io._storage import filesystem, is_url
 
 FORMAT = "infinibatch_like.checkpoint"
 """The value of the ``"format"`` field of every checkpoint file."""
@@ -32,7 +33,6 @@ VERSION = 1
 """The version of the file layout written by `save_checkpoint`."""
 STEP_FIELD = "{step}"
 
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 _PREVIEW = 60
 
 
@@ -56,8 +56,8 @@ def save_checkpoint(
         state: plain data (a dict with str keys; lists, str, int, float, bool, None), such
             as a pipeline's ``getstate()``, possibly with keys of your own.
         step: the training step, required by (and only allowed with) a ``{step}`` path.
-        keep: with a ``{step}`` path, keep only the files of the `keep` highest steps
-            (>= 1), this one included; None keeps every file.
+        keep: with a ``{step}`` path, keep only `keep` files (>= 1): this one and those of
+            the ``keep - 1`` highest other steps; None keeps every file.
         storage_options: passed to fsspec for URLs (credentials, endpoints).
 
     Returns:
@@ -68,7 +68,8 @@ def save_checkpoint(
             `step`/`keep` is not an int.
         ValueError: for `step`/`keep` without ``{step}`` in the path or the reverse, a
             negative step or ``keep < 1``.
-        OSError: from the file system; the previous file, if any, is left intact.
+        OSError: from the file system (e.g. `infinibatch_like.io.ChunkAccessError` for a
+            refused upload); the previous file, if any, is left intact.
     """
     target = _resolve_target(os.fspath(path), step, keep)
     if not isinstance(state, dict):
@@ -88,8 +89,8 @@ def save_checkpoint(
         ) from error
     _write_atomically(target, data, storage_options)
     if keep is not None:
-        pattern = os.fspath(path)
-        for _, old in _steps(pattern, storage_options)[:-keep]:
+        others = [old for _, old in _steps(os.fspath(path), storage_options) if old != target]
+        for old in others[: len(others) - (keep - 1)]:
             _remove(old, storage_options)
     return target
 
@@ -123,7 +124,7 @@ def load_checkpoint(
         source = pattern
     try:
         data = _read(source, storage_options)
-    except FileNotFoundError as error:
+    except ChunkNotFoundError as error:
         raise CheckpointFileError(f"{source}: no such checkpoint file") from error
     return _parse(source, data)
 
@@ -237,69 +238,32 @@ def _steps(pattern: str, storage_options: Mapping[str, Any] | None) -> list[tupl
     return sorted(found)
 
 
-# Storage: local paths through the operating system, URLs through fsspec.
+# Storage: `infinibatch_like.io` (local paths and fsspec URLs).
 
 
-def _is_url(path: str) -> bool:
-    return _URL.match(path) is not None
-
-
-def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
-    from fsspec.core import url_to_fs  # type: ignore[import-untyped]
-
-    return url_to_fs(url, **dict(storage_options or {}))  # type: ignore[no-any-return]
-
-
-def _write_atomically(target: str, data: bytes, storage_options: Mapping[str, Any] | None) -> None:
-    if _is_url(target):
-        fs, inner = _filesystem(target, storage_options)
-        fs.pipe_file(inner, data)
-        return
-    directory = os.path.dirname(os.path.abspath(target))
-    handle, temporary = tempfile.mkstemp(
-        prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=directory
-    )
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+def _write_atomically(
+    target: str, data: bytes, storage_options: Mapping[str, Any] | None
+) -> None:
+    with open_output(target, storage_options=storage_options) as file:
+        file.write(data)
 
 
 def _read(source: str, storage_options: Mapping[str, Any] | None) -> bytes:
-    if _is_url(source):
-        fs, inner = _filesystem(source, storage_options)
-        return fs.cat_file(inner)  # type: ignore[no-any-return]
-    with open(source, "rb") as file:
+    with open_chunk(source, storage_options=storage_options) as file:
         return file.read()
 
 
 def _list_names(directory: str, storage_options: Mapping[str, Any] | None) -> list[str]:
-    if _is_url(directory):
-        fs, inner = _filesystem(directory, storage_options)
-        try:
-            return [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(inner, detail=False)]
-        except FileNotFoundError:
-            return []
     try:
-        return os.listdir(directory or ".")
-    except FileNotFoundError:
+        found = list_chunks(directory + "*", storage_options=storage_options)
+    except ChunkNotFoundError:
         return []
+    return [_name_of(path) for path in found]
 
 
 def _remove(path: str, storage_options: Mapping[str, Any] | None) -> None:
-    if _is_url(path):
-        fs, inner = _filesystem(path, storage_options)
+    if is_url(path):
+        fs, inner = filesystem(path, storage_options)
         fs.rm_file(inner)
     else:
         os.unlink(path)

@@ -193,6 +193,11 @@ def test_keep_the_last_k_and_load_the_latest(tmp_path: Path) -> None:
     save_checkpoint(pattern, {"step": 100}, step=100)  # keep=None keeps everything
     assert load_checkpoint(pattern) == {"step": 100}
     assert load_checkpoint(tmp_path / "data-10.json") == {"step": 10}
+    save_checkpoint(pattern, {"step": 3}, step=3, keep=2)  # a rewound run: 3 is kept
+    assert sorted(p.name for p in tmp_path.glob("data-*[0-9].json")) == [
+        "data-100.json",
+        "data-3.json",
+    ]
 
 
 def test_memory_url_round_trip_and_keep() -> None:
