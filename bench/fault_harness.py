@@ -67,6 +67,8 @@ class Outcome:
     kind: str
     runs: int = 0
     kills: int = 0
+    """Runs that the fault ended (a worker killed after it produced all that the run
+    needed does not end it)."""
     lost: int = 0
     duplicated: int = 0
     same_order: bool = True
@@ -153,7 +155,8 @@ class RunResult:
 def run_once(campaign: Campaign, kill: Kill | None) -> RunResult:
     """Run the loop once, deliver `kill` when it is due, check what the run leaves."""
     campaign.workdir.mkdir(parents=True, exist_ok=True)
-    (campaign.workdir / "finished.json").unlink(missing_ok=True)
+    for leftover in ("finished.json", "singletons-started"):
+        (campaign.workdir / leftover).unlink(missing_ok=True)
     token = uuid.uuid4().hex
     env = {**os.environ, MARKER: token, "PYTHONPATH": str(REPO_ROOT)}
     shm_used: set[str] = set()
@@ -176,7 +179,7 @@ def run_once(campaign: Campaign, kill: Kill | None) -> RunResult:
             process.wait()
             break
         if kill is not None and not killed and _due(kill, campaign, elapsed):
-            killed = _deliver(kill, process.pid, token)
+            killed = _deliver(kill, process.pid, token, campaign.workdir)
         time.sleep(0.01)
     leaks = _leftover_processes(token) + _shm_left(shm_used)
     stderr = err_path.read_text()
@@ -198,10 +201,12 @@ def _due(kill: Kill, campaign: Campaign, elapsed: float) -> bool:
         return False
 
 
-def _deliver(kill: Kill, pid: int, token: str) -> bool:
+def _deliver(kill: Kill, pid: int, token: str, workdir: Path) -> bool:
     if kill.kind != "worker SIGKILL":
         os.kill(pid, _SIGNALS[kill.kind])
         return True
+    if not (workdir / "singletons-started").exists():
+        return False  # a child now may be the resource tracker between its fork and exec
     workers = [p for p in _marked_processes(token) if p != pid and not _is_singleton(p, pid)]
     if not workers:
         return False  # not started yet: try again at the next poll
@@ -363,6 +368,10 @@ def _plan(kind: str, campaign: Campaign, rng: random.Random) -> Kill:
 
 def _record(outcome: Outcome, result: RunResult) -> None:
     outcome.runs += 1
-    outcome.kills += result.killed
+    interrupted = result.killed and result.returncode != 0
+    outcome.kills += interrupted
     outcome.stalls += result.stalled
     outcome.leaks += result.leaks
+    if result.killed and not interrupted and outcome.kind != "worker SIGKILL":
+        # a worker may die after producing all that the run needs; the loop may not
+        outcome.failures.append(f"the loop finished despite {outcome.kind}")

@@ -14,7 +14,9 @@ batches the model trained on, as a run that was never interrupted would have. SI
 is turned into SystemExit (a preemption notice: the loop stops, closing the pipeline,
 without saving), SIGINT is Python's KeyboardInterrupt. A run that finishes writes
 ``WORKDIR/finished.json``: its file descriptors, threads and child processes before
-building the pipeline and after closing it.
+building the pipeline and after closing it. ``WORKDIR/singletons-started`` tells the
+harness that multiprocessing's own helper processes are up (from then on, the loop's
+other children are the pipeline's workers).
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ def start_singletons(start_method: str) -> None:
 
 def snapshot_resources() -> dict[str, Any]:
     children = sorted(
-        int(pid)
+        f"{pid} {_command(pid)}"
         for pid in os.listdir("/proc")
         if pid.isdigit() and _parent_of(int(pid)) == os.getpid()
     )
@@ -115,6 +117,14 @@ def snapshot_resources() -> dict[str, Any]:
         "threads": sorted(thread.name for thread in threading.enumerate()),
         "children": children,
     }
+
+
+def _command(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            return file.read().replace(b"\0", b" ").decode(errors="replace")[:100]
+    except OSError:
+        return "?"
 
 
 def _parent_of(pid: int) -> int | None:
@@ -140,6 +150,9 @@ def main() -> None:
         raise SystemExit(143)
 
     signal.signal(signal.SIGTERM, preempted)
+    # Ctrl-C raises KeyboardInterrupt even when started in the background by a shell (which
+    # makes such jobs ignore SIGINT, a disposition that Python would keep)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     pattern = str(args.workdir / CHECKPOINTS)
     log_path = args.workdir / "consumed.log"
     try:
@@ -148,6 +161,7 @@ def main() -> None:
         checkpoint = {"model": {"step": 0, "digest": ""}, "log_bytes": 0, "data": None}
     model = checkpoint["model"]
     start_singletons(args.start_method)
+    (args.workdir / "singletons-started").touch()
     before = snapshot_resources()
     with open(log_path, "ab") as log:
         log.truncate(checkpoint["log_bytes"])
