@@ -165,3 +165,22 @@ def test_passes_a_full_background_pipeline() -> None:
         return MapIterator(BucketedReadaheadBatchIterator(mapped, 12, len, 3, seed=4), tuple)
 
     check_resume(factory, max_items=40, restore_points=5)
+
+
+def test_catches_a_stream_that_ends_early_after_a_restore() -> None:
+    class Short(TupleSensitive):
+        """Counts up without end, but a restored one stops 5 items later."""
+
+        _limit: int | None = None
+
+        def __next__(self) -> int:
+            if self._limit is not None and self._position >= self._limit:
+                raise StopIteration
+            return super().__next__()
+
+        def setstate(self, checkpoint: dict[str, Any] | None) -> None:
+            super().setstate(checkpoint)
+            self._limit = None if checkpoint is None else self._position + 5
+
+    with pytest.raises(ResumeMismatch, match="at item 15: ended after 5 items, expected 16"):
+        check_resume(Short, max_items=30, restore_points=[10], check_torch=False)
