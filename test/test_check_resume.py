@@ -70,6 +70,17 @@ class TupleSensitive(CheckpointableIterator[int]):
         pass
 
 
+class Limited(TupleSensitive):
+    """Ends once its position reaches ``_limit`` (None: never)."""
+
+    _limit: int | None = None
+
+    def __next__(self) -> int:
+        if self._limit is not None and self._position >= self._limit:
+            raise StopIteration
+        return super().__next__()
+
+
 def test_passes_an_exact_custom_iterator() -> None:
     check_resume(lambda: Phased(ChunkedSourceIterator(list(range(100))), exact=True))
 
@@ -112,15 +123,10 @@ def test_reports_a_restore_that_raises() -> None:
 
 
 def test_catches_a_stream_that_goes_on_after_its_end() -> None:
-    class Endless(TupleSensitive):
+    class Endless(Limited):
         """Ends after 20 items, except after a restore."""
 
-        _limit: int | None = 20
-
-        def __next__(self) -> int:
-            if self._limit is not None and self._position >= self._limit:
-                raise StopIteration
-            return super().__next__()
+        _limit = 20
 
         def setstate(self, checkpoint: dict[str, Any] | None) -> None:
             super().setstate(checkpoint)
@@ -168,15 +174,8 @@ def test_passes_a_full_background_pipeline() -> None:
 
 
 def test_catches_a_stream_that_ends_early_after_a_restore() -> None:
-    class Short(TupleSensitive):
+    class Short(Limited):
         """Counts up without end, but a restored one stops 5 items later."""
-
-        _limit: int | None = None
-
-        def __next__(self) -> int:
-            if self._limit is not None and self._position >= self._limit:
-                raise StopIteration
-            return super().__next__()
 
         def setstate(self, checkpoint: dict[str, Any] | None) -> None:
             super().setstate(checkpoint)
