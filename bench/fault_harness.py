@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from _proc import command_of, parent_of
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 LOOP = BENCH_DIR / "fault_loop.py"
@@ -234,14 +236,8 @@ def _marked_processes(token: str) -> list[int]:
 def _is_singleton(pid: int, loop: int) -> bool:
     """Whether `pid` is one of multiprocessing's own helpers started by the loop (the
     fork server's workers are its children and share its command line)."""
-    try:
-        with open(f"/proc/{pid}/stat") as file:
-            parent = int(file.read().rsplit(")", 1)[1].split()[1])
-        with open(f"/proc/{pid}/cmdline", "rb") as file:
-            command = file.read()
-    except (OSError, IndexError, ValueError):
-        return False
-    return parent == loop and any(name.encode() in command for name in _SINGLETONS)
+    command = command_of(pid, 1000)
+    return parent_of(pid) == loop and any(name in command for name in _SINGLETONS)
 
 
 def _leftover_processes(token: str, grace: float = GRACE_S) -> list[str]:
@@ -252,7 +248,7 @@ def _leftover_processes(token: str, grace: float = GRACE_S) -> list[str]:
         time.sleep(0.05)
     leaks = []
     for pid in left:
-        leaks.append(f"process {pid} ({_command(pid)}) outlived its run by {grace} s")
+        leaks.append(f"process {pid} ({command_of(pid)}) outlived its run by {grace} s")
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     return leaks
@@ -264,14 +260,6 @@ def _is_zombie(pid: int) -> bool:
             return file.read().rsplit(")", 1)[1].split()[0] == "Z"
     except (OSError, IndexError):
         return True
-
-
-def _command(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as file:
-            return file.read().replace(b"\0", b" ").decode(errors="replace")[:120]
-    except OSError:
-        return "?"
 
 
 def _shm_mapped(pids: Sequence[int]) -> set[str]:
@@ -359,11 +347,16 @@ def run_campaign(
     return outcome
 
 
+LAST_KILL_BEFORE_END = 25
+"""Kills land at least this many batches before the end: the pipeline's buffers hold up to
+about 20 batches, so a worker killed later may not be missed before the run ends."""
+
+
 def _plan(kind: str, campaign: Campaign, rng: random.Random) -> Kill:
     if rng.random() < 0.5:
         return Kill(kind, at_time=rng.uniform(0.05, 1.0))
-    start = campaign.checkpointed_step()
-    return Kill(kind, at_step=min(campaign.batches - 1, start + rng.randint(1, 2 * campaign.every)))
+    step = campaign.checkpointed_step() + rng.randint(1, 2 * campaign.every)
+    return Kill(kind, at_step=min(campaign.batches - LAST_KILL_BEFORE_END, step))
 
 
 def _record(outcome: Outcome, result: RunResult) -> None:

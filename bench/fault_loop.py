@@ -37,6 +37,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # `python bench/x.py` puts only bench/ on sys.path
     sys.path.insert(1, str(REPO_ROOT))
 
+from _proc import children_of, command_of  # noqa: E402
+
 from infinibatch_like import load_checkpoint, save_checkpoint  # noqa: E402
 from infinibatch_like.datasets import chunked_dataset_iterator  # noqa: E402
 from infinibatch_like.iterators import (  # noqa: E402
@@ -107,32 +109,12 @@ def start_singletons(start_method: str) -> None:
 
 
 def snapshot_resources() -> dict[str, Any]:
-    children = sorted(
-        f"{pid} {_command(pid)}"
-        for pid in os.listdir("/proc")
-        if pid.isdigit() and _parent_of(int(pid)) == os.getpid()
-    )
+    children = sorted(f"{pid} {command_of(pid, 100)}" for pid in children_of(os.getpid()))
     return {
         "fds": sorted(os.listdir("/proc/self/fd")),
         "threads": sorted(thread.name for thread in threading.enumerate()),
         "children": children,
     }
-
-
-def _command(pid: str) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as file:
-            return file.read().replace(b"\0", b" ").decode(errors="replace")[:100]
-    except OSError:
-        return "?"
-
-
-def _parent_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as file:
-            return int(file.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def main() -> None:
