@@ -3,9 +3,10 @@
 A reference with a scheme (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``memory://``,
 ``file://``) goes to the fsspec file system of that protocol, which takes credentials and
 endpoints from its usual places (environment variables such as ``AWS_ENDPOINT_URL``, fsspec
-configuration files) and from `storage_options`. For ``s3://`` the retries of s3fs and
-botocore are turned off unless `storage_options` sets them, so that every retry is this
-package's (backoff with jitter, counted in `retry_counts`).
+configuration files) and from `storage_options`. For ``s3://`` the retries of s3fs (its
+file system's ``retries``) and of botocore (unless ``config_kwargs`` in `storage_options`
+sets ``retries``) are turned off, so that every retry is this package's: backoff with
+jitter, by `RetryPolicy`, counted in `retry_counts`.
 """
 
 from __future__ import annotations
@@ -46,23 +47,20 @@ def filesystem(ref: str, storage_options: StorageOptions | None) -> tuple[Any, s
         import fsspec
     except ImportError as error:
         raise missing_extra("fsspec", "remote", f"reading {protocol}:// URLs") from error
-    options = _with_defaults(protocol, storage_options)
+    options = dict(storage_options or {})
+    if protocol in _S3:
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("retries", {"total_max_attempts": 1})  # botocore's: none
+        options["config_kwargs"] = config
     try:
-        return fsspec.core.url_to_fs(ref, **options)  # type: ignore[no-any-return]
+        fs, path = fsspec.core.url_to_fs(ref, **options)
     except ImportError as error:
         if protocol in _S3:
             raise missing_extra("s3fs", "remote", "reading s3:// URLs") from error
         raise ImportError(f"{ref}: no fsspec backend for {protocol}:// URLs: {error}") from error
-
-
-def _with_defaults(protocol: str, storage_options: StorageOptions | None) -> dict[str, Any]:
-    options = dict(storage_options or {})
     if protocol in _S3:
-        options.setdefault("retries", 1)
-        config = dict(options.get("config_kwargs") or {})
-        config.setdefault("retries", {"total_max_attempts": 1})
-        options["config_kwargs"] = config
-    return options
+        fs.retries = 1  # s3fs's own retries (a class attribute, not an option): none
+    return fs, path
 
 
 def open_raw(

@@ -45,7 +45,7 @@ def open_chunk(
     codec = codec_for(name)
     raw = open_raw(name, storage_options, retry)
     if codec is None:
-        return cast(BinaryIO, io.BufferedReader(raw, 1 << 20)) if is_url(name) else raw
+        return cast(BinaryIO, io.BufferedReader(raw, 1 << 18)) if is_url(name) else raw
     try:
         return cast(BinaryIO, _Decompressed(name, codec, raw))
     except BaseException:

@@ -1,0 +1,133 @@
+"""The retry policy of infinibatch_like.io: which errors are transient, backoff, counts."""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+from botocore.exceptions import ClientError, ReadTimeoutError
+
+from infinibatch_like.io import (
+    ChunkAccessError,
+    ChunkNotFoundError,
+    ChunkReadError,
+    RetryPolicy,
+    reset_retry_counts,
+    retry_counts,
+)
+from infinibatch_like.io import retry as retry_module
+from infinibatch_like.io.retry import call_with_retries, transient_cause
+
+
+def client_error(code: str, status: int) -> ClientError:
+    return ClientError(
+        {"Error": {"Code": code, "Message": "..."}, "ResponseMetadata": {"HTTPStatusCode": status}},
+        "GetObject",
+    )
+
+
+def caused(outer: BaseException, cause: BaseException) -> BaseException:
+    outer.__cause__ = cause
+    return outer
+
+
+@pytest.fixture(autouse=True)
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
+    waits: list[float] = []
+    monkeypatch.setattr(retry_module.time, "sleep", waits.append)
+    reset_retry_counts()
+    yield waits
+    reset_retry_counts()
+
+
+@pytest.mark.parametrize(
+    ("error", "cause"),
+    [
+        (client_error("SlowDown", 503), "SlowDown"),
+        (caused(OSError(errno.EIO, "busy"), client_error("SlowDown", 503)), "SlowDown"),
+        (client_error("InternalError", 500), "InternalError"),
+        (client_error("", 502), "502"),
+        (client_error("AccessDenied", 403), None),
+        (client_error("NoSuchKey", 404), None),
+        (caused(FileNotFoundError("key"), client_error("NoSuchKey", 404)), None),
+        (ConnectionResetError(errno.ECONNRESET, "reset"), "ConnectionResetError"),
+        (TimeoutError("timed out"), "TimeoutError"),
+        (aiohttp.ClientPayloadError("cut"), "ClientPayloadError"),
+        (aiohttp.ServerDisconnectedError(), "ServerDisconnectedError"),
+        (ReadTimeoutError(endpoint_url="http://x"), "ReadTimeoutError"),
+        (OSError(errno.ECONNRESET, "reset by peer"), "ConnectionResetError"),
+        (ValueError("bad"), None),
+        (PermissionError("no"), None),
+    ],
+)
+def test_transient_cause(error: BaseException, cause: str | None) -> None:
+    assert transient_cause(error) == cause
+
+
+def test_aiohttp_status_errors() -> None:
+    def response_error(status: int) -> aiohttp.ClientResponseError:
+        return aiohttp.ClientResponseError(None, (), status=status)  # type: ignore[arg-type]
+
+    assert transient_cause(response_error(503)) == "HTTP 503"
+    assert transient_cause(response_error(429)) == "HTTP 429"
+    assert transient_cause(response_error(404)) is None
+
+
+def test_transient_failures_are_retried_with_growing_jittered_waits(sleeps: list[float]) -> None:
+    failures = [ConnectionResetError("reset"), client_error("SlowDown", 503), TimeoutError()]
+
+    def action() -> str:
+        if failures:
+            raise failures.pop(0)
+        return "done"
+
+    policy = RetryPolicy(tries=4, first_delay=0.1, max_delay=0.3)
+    assert call_with_retries(action, "s3://b/k", "reading", policy) == "done"
+    assert retry_counts() == {"ConnectionResetError": 1, "SlowDown": 1, "TimeoutError": 1}
+    caps = [0.1, 0.2, 0.3]
+    assert all(cap / 2 <= wait <= cap for wait, cap in zip(sleeps, caps, strict=True))
+
+
+def test_last_try_names_the_chunk_and_the_cause(sleeps: list[float]) -> None:
+    def action() -> None:
+        raise client_error("SlowDown", 503)
+
+    with pytest.raises(ChunkReadError, match=r"reading s3://b/k failed after 3 tries; .*SlowDown"):
+        call_with_retries(action, "s3://b/k", "reading", RetryPolicy(tries=3))
+    assert len(sleeps) == 2
+    assert retry_counts() == {"SlowDown": 2}
+
+
+@pytest.mark.parametrize(
+    ("error", "kind", "message"),
+    [
+        (client_error("NoSuchKey", 404), ChunkNotFoundError, "s3://b/k: no such file or object"),
+        (client_error("InvalidAccessKeyId", 403), ChunkAccessError, "s3://b/k: access denied"),
+        (PermissionError("Forbidden"), ChunkAccessError, "check the credentials"),
+        (ValueError("odd"), ChunkReadError, "reading s3://b/k failed: ValueError: odd"),
+    ],
+)
+def test_other_errors_fail_at_once(sleeps: list[float], error, kind, message) -> None:
+    def action() -> None:
+        raise error
+
+    with pytest.raises(kind, match=message):
+        call_with_retries(action, "s3://b/k", "reading")
+    assert sleeps == []
+    assert retry_counts() == {}
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"tries": 0}, "tries must be an int >= 1, got 0"),
+        ({"tries": 2.5}, "tries must be an int >= 1, got 2.5"),
+        ({"first_delay": 2.0, "max_delay": 1.0}, "need 0 <= first_delay <= max_delay"),
+        ({"first_delay": -1.0}, "need 0 <= first_delay <= max_delay"),
+    ],
+)
+def test_retry_policy_refuses_bad_arguments(arguments, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        RetryPolicy(**arguments)
