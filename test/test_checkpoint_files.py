@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import S3Bucket
 
 from infinibatch_like import load_checkpoint, save_checkpoint
 from infinibatch_like.checkpoint_files import FORMAT, CheckpointFileError
@@ -232,3 +233,19 @@ def test_state_inside_a_torch_checkpoint_loads_with_weights_only(tmp_path: Path)
     fresh = pipeline()
     fresh.setstate(loaded["data"])
     assert list(itertools.islice(fresh, 10)) == expected
+
+
+def test_s3_round_trip_keep_and_refusal(s3: S3Bucket) -> None:
+    pattern = s3.url("run/data-{step}.json")
+    state = advanced(7).getstate()
+    for step in (5, 10, 15):
+        save_checkpoint(pattern, {**state, "step": step}, step=step, keep=2)
+    listed = s3.client.list_objects_v2(Bucket=s3.name, Prefix="run/")
+    assert sorted(item["Key"] for item in listed["Contents"]) == [
+        "run/data-10.json",
+        "run/data-15.json",
+    ]
+    assert load_checkpoint(pattern) == {**state, "step": 15}
+    s3.put("run/data-20.json", b"")
+    with pytest.raises(CheckpointFileError, match=r"data-20\.json: the checkpoint file is empty"):
+        load_checkpoint(pattern)
