@@ -165,7 +165,11 @@ def run_once(campaign: Campaign, kill: Kill | None) -> RunResult:
     err_path = campaign.workdir / "stderr.txt"
     with open(err_path, "wb") as err:
         process = subprocess.Popen(
-            campaign.command(), env=env, stdout=subprocess.DEVNULL, stderr=err
+            campaign.command(),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            preexec_fn=_default_sigint,
         )
     started = time.monotonic()
     killed = stalled = False
@@ -190,6 +194,13 @@ def run_once(campaign: Campaign, kill: Kill | None) -> RunResult:
     if process.returncode == 0:
         leaks += _loop_leaks(campaign.workdir / "finished.json")
     return RunResult(process.returncode, killed, stalled, leaks, stderr)
+
+
+def _default_sigint() -> None:
+    """In the child before exec: Ctrl-C acts as in a terminal, even when this harness runs
+    as a background job of a shell (which starts it ignoring SIGINT, a disposition that
+    exec keeps and Python then keeps too)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _due(kill: Kill, campaign: Campaign, elapsed: float) -> bool:

@@ -132,9 +132,6 @@ def main() -> None:
         raise SystemExit(143)
 
     signal.signal(signal.SIGTERM, preempted)
-    # Ctrl-C raises KeyboardInterrupt even when started in the background by a shell (which
-    # makes such jobs ignore SIGINT, a disposition that Python would keep)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     pattern = str(args.workdir / CHECKPOINTS)
     log_path = args.workdir / "consumed.log"
     try:
