@@ -24,8 +24,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._base import State
-from .io import ChunkNotFoundError, list_chunks, open_chunk, open_output
-from .io._storage import filesystem, is_url
 
 FORMAT = "infinibatch_like.checkpoint"
 """The value of the ``"format"`` field of every checkpoint file."""
@@ -124,7 +122,7 @@ def load_checkpoint(
         source = pattern
     try:
         data = _read(source, storage_options)
-    except ChunkNotFoundError as error:
+    except FileNotFoundError as error:  # io.ChunkNotFoundError
         raise CheckpointFileError(f"{source}: no such checkpoint file") from error
     return _parse(source, data)
 
@@ -238,30 +236,39 @@ def _steps(pattern: str, storage_options: Mapping[str, Any] | None) -> list[tupl
     return sorted(found)
 
 
-# Storage: `infinibatch_like.io` (local paths and fsspec URLs).
+# Storage: `infinibatch_like.io` (local paths and fsspec URLs), imported on first use so
+# that importing the package does not load it.
 
 
 def _write_atomically(
     target: str, data: bytes, storage_options: Mapping[str, Any] | None
 ) -> None:
+    from .io import open_output
+
     with open_output(target, storage_options=storage_options) as file:
         file.write(data)
 
 
 def _read(source: str, storage_options: Mapping[str, Any] | None) -> bytes:
+    from .io import open_chunk
+
     with open_chunk(source, storage_options=storage_options) as file:
         return file.read()
 
 
 def _list_names(directory: str, storage_options: Mapping[str, Any] | None) -> list[str]:
+    from .io import list_chunks
+
     try:
         found = list_chunks(directory + "*", storage_options=storage_options)
-    except ChunkNotFoundError:
+    except FileNotFoundError:  # io.ChunkNotFoundError: no file matches
         return []
     return [_name_of(path) for path in found]
 
 
 def _remove(path: str, storage_options: Mapping[str, Any] | None) -> None:
+    from .io._storage import filesystem, is_url
+
     if is_url(path):
         fs, inner = filesystem(path, storage_options)
         fs.rm_file(inner)
