@@ -33,6 +33,7 @@ DOCS = REPO / "docs"
 RUNNABLE_PAGES = [
     "index.md",
     "howto/reading-chunks.md",
+    "howto/object-stores.md",
     "howto/shuffling.md",
     "howto/batching.md",
     "howto/parallelism.md",
@@ -57,6 +58,7 @@ EXPECTED_PAGES = [
     "api/windowing-recurrent.md",
     "api/background.md",
     "api/datasets.md",
+    "api/io.md",
     "api/checkpoint-files.md",
     "api/testing.md",
     "api/distributed.md",
@@ -87,6 +89,12 @@ API_CONTENT = {
         ("WorkerError", ""),
     ],
     "api/datasets.md": [("chunked_dataset_iterator", "read chunk by chunk"), ("bump_seed", "")],
+    "api/io.md": [
+        ("list_chunks", "sorted: the"),
+        ("read_lines", "without their line endings"),
+        ("open_output", "appears whole"),
+        ("RetryPolicy", "transient storage failures"),
+    ],
     "api/testing.md": [
         ("assert_checkpointable", "Check the checkpoint contract"),
         ("check_resume", "interrupted and restored"),

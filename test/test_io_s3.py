@@ -234,3 +234,17 @@ def test_storage_options_bound_with_partial_reach_the_store(
     pipeline = chunked_dataset_iterator(refs, reader, 1, train=False, shuffle=False)
     assert list(pipeline) == lines_of(0, 3) + lines_of(1, 3)
     assert {path for _, path in s3_proxy.requests} >= {f"/{s3.name}/p/0.txt"}
+
+
+def test_an_object_replaced_mid_stream_is_not_spliced(
+    s3: S3Bucket, s3_proxy: FaultyProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = s3.put("moving.txt", text(lines_of(6, 30000)))
+    monkeypatch.setattr(readers, "BLOCK_SIZE", 1 << 16)
+    options = {"endpoint_url": s3_proxy.endpoint, "default_block_size": 1 << 17}
+    lines = read_lines(url, storage_options=options, retry=FAST)
+    assert list(islice(lines, 1000)) == lines_of(6, 1000)
+    s3.put("moving.txt", text(lines_of(7, 30000)))  # a new version: another ETag
+    s3_proxy.inject("reset", 1, "GET", "moving.txt")  # the next range request fails
+    with pytest.raises(ChunkReadError, match=rf"{url} changed while it was being read"):
+        list(lines)

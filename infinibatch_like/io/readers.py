@@ -49,7 +49,8 @@ def read_lines(
     Args:
         ref: a local path or URL; compression from its suffix (see `open_chunk`).
         storage_options: options of the fsspec file system of a URL.
-        encoding, errors: how the bytes are decoded (as in `bytes.decode`).
+        encoding: the text encoding of the decompressed bytes (as in `bytes.decode`).
+        errors: what to do with bytes that do not decode (as in `bytes.decode`).
         retry: the retry policy of transient remote failures (`DEFAULT_RETRY` if None).
 
     Raises:
