@@ -249,3 +249,12 @@ def test_s3_round_trip_keep_and_refusal(s3: S3Bucket) -> None:
     s3.put("run/data-20.json", b"")
     with pytest.raises(CheckpointFileError, match=r"data-20\.json: the checkpoint file is empty"):
         load_checkpoint(pattern)
+
+
+def test_a_gz_name_compresses_the_file(tmp_path: Path) -> None:
+    import gzip
+
+    state = advanced(3).getstate()
+    path = save_checkpoint(tmp_path / "data-{step}.json.gz", state, step=4, keep=1)
+    assert json.loads(gzip.decompress(Path(path).read_bytes()))["state"] == state
+    assert load_checkpoint(tmp_path / "data-{step}.json.gz") == state
