@@ -113,7 +113,7 @@ def load_checkpoint(
             stage fingerprints differ from the fingerprint recorded with it.
     """
     pattern = os.fspath(path)
-    if STEP_FIELD in pattern:
+    if _has_step_field("load_checkpoint", pattern):
         found = _steps(pattern, storage_options)
         if not found:
             raise CheckpointFileError(f"load_checkpoint: no checkpoint file matches {pattern!r}")
@@ -193,12 +193,7 @@ def _resolve_target(path: str, step: int | None, keep: int | None) -> str:
     for name, value in (("step", step), ("keep", keep)):
         if value is not None and (type(value) is not int):
             raise TypeError(f"save_checkpoint: {name} must be an int, got {value!r}")
-    has_field = STEP_FIELD in _name_of(path)
-    if STEP_FIELD in path and not has_field:
-        raise ValueError(
-            f"save_checkpoint: {STEP_FIELD} must be in the file name of the path, not in a "
-            f"directory: {path!r}"
-        )
+    has_field = _has_step_field("save_checkpoint", path)
     if has_field and step is None:
         raise ValueError(f"save_checkpoint: the path {path!r} has {STEP_FIELD}; give step=")
     if not has_field and (step is not None or keep is not None):
@@ -212,6 +207,17 @@ def _resolve_target(path: str, step: int | None, keep: int | None) -> str:
     if keep is not None and keep < 1:
         raise ValueError(f"save_checkpoint: keep must be >= 1, got {keep}")
     return path.replace(STEP_FIELD, str(step)) if has_field else path
+
+
+def _has_step_field(owner: str, path: str) -> bool:
+    """Whether the file name of `path` has ``{step}``; a ValueError if a directory has it."""
+    has_field = STEP_FIELD in _name_of(path)
+    if STEP_FIELD in path and not has_field:
+        raise ValueError(
+            f"{owner}: {STEP_FIELD} must be in the file name of the path, not in a "
+            f"directory: {path!r}"
+        )
+    return has_field
 
 
 def _name_of(path: str) -> str:

@@ -142,6 +142,8 @@ def test_missing_file_is_refused(tmp_path: Path) -> None:
     assert "absent.json" in str(caught.value)
     with pytest.raises(CheckpointFileError, match="no checkpoint file matches"):
         load_checkpoint(tmp_path / "data-{step}.json")
+    with pytest.raises(ValueError, match=r"load_checkpoint: \{step\} must be in the file name"):
+        load_checkpoint(tmp_path / "{step}" / "data.json")
 
 
 @pytest.mark.parametrize(
