@@ -5,8 +5,16 @@ iterator of `infinibatch_like.iterators`.
 """
 
 from ._background.stage import start_background
+from .checkpoint_files import CheckpointFileError, load_checkpoint, save_checkpoint
 from .iterators import *  # noqa: F403
 from .iterators import __all__ as _iterator_names
 
 __version__ = "0.1.0"
-__all__ = [*_iterator_names, "start_background", "__version__"]
+__all__ = [
+    *_iterator_names,
+    "start_background",
+    "save_checkpoint",
+    "load_checkpoint",
+    "CheckpointFileError",
+    "__version__",
+]

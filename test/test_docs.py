@@ -51,6 +51,7 @@ RUNNABLE_PAGES = [
 EXPECTED_PAGES = [
     *RUNNABLE_PAGES,
     "benchmarks.md",
+    "howto/fault-tolerance.md",
     "api/index.md",
     "api/sources.md",
     "api/flatten-mapping.md",
@@ -62,6 +63,7 @@ EXPECTED_PAGES = [
     "api/datasets.md",
     "api/prepare.md",
     "api/io.md",
+    "api/checkpoint-files.md",
     "api/testing.md",
     "api/distributed.md",
     "api/torch.md",
@@ -105,7 +107,15 @@ API_CONTENT = {
         ("open_output", "appears whole"),
         ("RetryPolicy", "transient storage failures"),
     ],
-    "api/testing.md": [("assert_checkpointable", "Check the checkpoint contract")],
+    "api/testing.md": [
+        ("assert_checkpointable", "Check the checkpoint contract"),
+        ("check_resume", "interrupted and restored"),
+    ],
+    "api/checkpoint-files.md": [
+        ("save_checkpoint", "atomically, as JSON"),
+        ("load_checkpoint", "Read a state written by"),
+        ("CheckpointFileError", ""),
+    ],
     "api/distributed.md": [
         ("rank_and_world_size", "This process's rank"),
         ("gather_state", "one plain-data dict"),
@@ -255,6 +265,15 @@ class _Links(HTMLParser):
             self.targets.append(values["href"] or "")
         if tag == "img" and values.get("src"):
             self.targets.append(values["src"] or "")
+
+
+def test_fault_tolerance_page_shows_the_soak_plot_and_the_table(site: Path) -> None:
+    html = built(site, "howto/fault-tolerance.md")
+    assert re.search(r'<img[^>]+src="[^"]*soak\.png"', html), "the soak plot is missing"
+    assert (site / "img" / "soak.png").is_file()
+    text = visible_text(html)
+    assert "loop SIGKILL" in text
+    assert "worker SIGKILL" in text
 
 
 def test_internal_links_and_anchors_resolve(site: Path) -> None:

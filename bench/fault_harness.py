@@ -1,0 +1,381 @@
+"""Fault injection: kill the training loop of `fault_loop.py`, restart it, compare streams.
+
+A campaign runs the loop with one configuration (start method, prefetch mode, nesting of
+the background stages), kills it `kills` times with one kind of fault, restarting it from
+its last checkpoint each time, then lets it finish. Its consumed log is compared with an
+uninterrupted run's: items lost, items duplicated, order. After every run the harness
+checks that no process of the run (found by an environment marker that children
+inherit), no /dev/shm entry that its processes mapped (resource tracker reports of leaked
+semaphores or segments included) and, for runs that finish, no file descriptor, thread or
+child process of the loop outlives it; a run that does not end within its deadline is a
+stall (and is killed). Linux only (/proc).
+
+Faults: SIGKILL of the loop; SIGKILL of one of its worker processes (the loop then gets
+a WorkerError and dies of it); SIGTERM (the loop's handler stops it: a preemption);
+SIGINT (KeyboardInterrupt). Half the kills land at a random step after the last
+checkpoint, half at a random time in the first second (worker start-up, restore).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import gzip
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from _proc import command_of, parent_of
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+LOOP = BENCH_DIR / "fault_loop.py"
+MARKER = "FAULT_INJECTION_RUN"
+KINDS = ("loop SIGKILL", "worker SIGKILL", "SIGTERM", "SIGINT")
+GRACE_S = 8.0
+"""How long the processes of a run may take to go after the loop has exited (seconds)."""
+_SIGNALS = {"loop SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
+_SINGLETONS = ("resource_tracker", "forkserver")
+
+
+@dataclass(frozen=True)
+class Config:
+    """How the loop's pipeline runs its background stages."""
+
+    start_method: str = "fork"
+    prefetch_mode: str = "process"
+    nesting: str = "flat"
+
+    @property
+    def layout(self) -> str:
+        if self.nesting == "flat":
+            return f"prefetch({self.prefetch_mode}) -> map"
+        return f"map inside prefetch({self.prefetch_mode})"
+
+
+@dataclass
+class Outcome:
+    """What one campaign found."""
+
+    config: Config
+    kind: str
+    runs: int = 0
+    kills: int = 0
+    """Runs that the fault ended (a worker killed after it produced all that the run
+    needed does not end it)."""
+    lost: int = 0
+    duplicated: int = 0
+    same_order: bool = True
+    stalls: int = 0
+    leaks: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return (
+            not self.lost
+            and not self.duplicated
+            and self.same_order
+            and not self.stalls
+            and not self.leaks
+            and not self.failures
+        )
+
+
+def make_corpus(directory: Path) -> Path:
+    """Two small gzip-chunked data sets of unique lines of 0.2 to 1.4 kB (large enough that
+    the pipes between the processes hold only a few dozen of them, so that a killed worker
+    is missed before the run ends)."""
+    for name, chunks in (("a", 6), ("b", 4)):
+        (directory / name).mkdir(parents=True, exist_ok=True)
+        for chunk in range(chunks):
+            lines = [
+                f"{name}{chunk}-{i} " + "w" * (200 + (i * 37 + chunk * 11) % 1200)
+                for i in range(50)
+            ]
+            with gzip.open(directory / name / f"chunk-{chunk}.txt.gz", "wt") as file:
+                file.write("\n".join(lines) + "\n")
+    return directory
+
+
+@dataclass
+class Campaign:
+    """The loop's arguments and where it runs."""
+
+    workdir: Path
+    corpus: Path
+    config: Config
+    batches: int = 60
+    every: int = 7
+    deadline_s: float = 60.0
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            str(LOOP),
+            str(self.workdir),
+            str(self.corpus),
+            f"--batches={self.batches}",
+            f"--every={self.every}",
+            f"--start-method={self.config.start_method}",
+            f"--prefetch-mode={self.config.prefetch_mode}",
+            f"--nesting={self.config.nesting}",
+        ]
+
+    def consumed(self) -> list[str]:
+        return (self.workdir / "consumed.log").read_text().splitlines()
+
+    def checkpointed_step(self) -> int:
+        steps = [int(p.stem.split("-")[1]) for p in self.workdir.glob("ckpt-*.json")]
+        return max(steps, default=0)
+
+
+@dataclass
+class Kill:
+    kind: str
+    at_step: int | None = None
+    at_time: float | None = None
+
+
+@dataclass
+class RunResult:
+    returncode: int | None
+    killed: bool
+    stalled: bool
+    leaks: list[str]
+    stderr: str
+
+
+def run_once(campaign: Campaign, kill: Kill | None) -> RunResult:
+    """Run the loop once, deliver `kill` when it is due, check what the run leaves."""
+    campaign.workdir.mkdir(parents=True, exist_ok=True)
+    for leftover in ("finished.json", "singletons-started"):
+        (campaign.workdir / leftover).unlink(missing_ok=True)
+    token = uuid.uuid4().hex
+    env = {**os.environ, MARKER: token, "PYTHONPATH": str(REPO_ROOT)}
+    shm_used: set[str] = set()
+    err_path = campaign.workdir / "stderr.txt"
+    with open(err_path, "wb") as err:
+        process = subprocess.Popen(
+            campaign.command(),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            preexec_fn=_default_sigint,
+        )
+    started = time.monotonic()
+    killed = stalled = False
+    polls = 0
+    while process.poll() is None:
+        elapsed = time.monotonic() - started
+        polls += 1
+        if polls % 10 == 0:
+            shm_used |= _shm_mapped(_marked_processes(token))
+        if elapsed > campaign.deadline_s:
+            stalled = True
+            process.kill()
+            process.wait()
+            break
+        if kill is not None and not killed and _due(kill, campaign, elapsed):
+            killed = _deliver(kill, process.pid, token, campaign.workdir)
+        time.sleep(0.01)
+    leaks = _leftover_processes(token) + _shm_left(shm_used)
+    stderr = err_path.read_text()
+    if "leaked" in stderr:  # multiprocessing's resource tracker found unreleased resources
+        leaks.append(f"the resource tracker reports leaks: {stderr[stderr.index('leaked') - 80 :]}")
+    if process.returncode == 0:
+        leaks += _loop_leaks(campaign.workdir / "finished.json")
+    return RunResult(process.returncode, killed, stalled, leaks, stderr)
+
+
+def _default_sigint() -> None:
+    """In the child before exec: Ctrl-C acts as in a terminal, even when this harness runs
+    as a background job of a shell (which starts it ignoring SIGINT, a disposition that
+    exec keeps and Python then keeps too)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _due(kill: Kill, campaign: Campaign, elapsed: float) -> bool:
+    if kill.at_time is not None:
+        return elapsed >= kill.at_time
+    assert kill.at_step is not None
+    log = campaign.workdir / "consumed.log"
+    try:
+        return log.read_bytes().count(b"\n") >= kill.at_step
+    except FileNotFoundError:
+        return False
+
+
+def _deliver(kill: Kill, pid: int, token: str, workdir: Path) -> bool:
+    if kill.kind != "worker SIGKILL":
+        os.kill(pid, _SIGNALS[kill.kind])
+        return True
+    if not (workdir / "singletons-started").exists():
+        return False  # a child now may be the resource tracker between its fork and exec
+    workers = [p for p in _marked_processes(token) if p != pid and not _is_singleton(p, pid)]
+    if not workers:
+        return False  # not started yet: try again at the next poll
+    try:
+        os.kill(random.choice(workers), signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _marked_processes(token: str) -> list[int]:
+    needle = f"{MARKER}={token}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as file:
+                    if needle in file.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def _is_singleton(pid: int, loop: int) -> bool:
+    """Whether `pid` is one of multiprocessing's own helpers started by the loop (the
+    fork server's workers are its children and share its command line)."""
+    command = command_of(pid, 1000)
+    return parent_of(pid) == loop and any(name in command for name in _SINGLETONS)
+
+
+def _leftover_processes(token: str, grace: float = GRACE_S) -> list[str]:
+    deadline = time.monotonic() + grace
+    while (left := [p for p in _marked_processes(token) if not _is_zombie(p)]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    leaks = []
+    for pid in left:
+        leaks.append(f"process {pid} ({command_of(pid)}) outlived its run by {grace} s")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return leaks
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return file.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _shm_mapped(pids: Sequence[int]) -> set[str]:
+    """The /dev/shm entries (shared memory, named semaphores) that `pids` have mapped."""
+    used = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as file:
+                used.update(line.split()[-1] for line in file if "/dev/shm/" in line)
+        except OSError:
+            continue
+    return {path.removesuffix(" (deleted)") for path in used}
+
+
+def _shm_left(used: set[str]) -> list[str]:
+    """Entries that processes of the run mapped and that still exist after it.
+
+    Only what the run's own processes were seen mapping (sampled every 0.1 s) counts:
+    other programs on the machine create and remove entries of their own meanwhile.
+    """
+    return [
+        f"{path} used by the run and not removed" for path in sorted(used) if os.path.exists(path)
+    ]
+
+
+def _loop_leaks(finished: Path) -> list[str]:
+    """File descriptors, threads and children the loop still had after closing its pipeline."""
+    if not finished.exists():
+        return ["the loop exited 0 without writing finished.json"]
+    report = json.loads(finished.read_text())
+    before, after = report["before"], report["after"]
+    return [
+        f"the loop's {what} after close(): {sorted(set(after[what]) - set(before[what]))} "
+        "were not there before the pipeline was built"
+        for what in ("fds", "threads", "children")
+        if set(after[what]) - set(before[what])
+    ]
+
+
+def compare(reference: Sequence[str], got: Sequence[str]) -> tuple[int, int, bool]:
+    """(items lost, items duplicated, same order) of the consumed batches `got`."""
+    expected = collections.Counter(_items(reference))
+    received = collections.Counter(_items(got))
+    lost = sum((expected - received).values())
+    duplicated = sum((received - expected).values())
+    return lost, duplicated, list(got) == list(reference)
+
+
+def _items(batches: Sequence[str]) -> list[str]:
+    return [json.dumps(item) for line in batches for item in json.loads(line)]
+
+
+def reference_stream(campaign: Campaign) -> list[str]:
+    """The batches of an uninterrupted run (which must also be clean)."""
+    result = run_once(campaign, None)
+    if result.returncode != 0 or result.leaks or result.stalled:
+        raise RuntimeError(
+            f"the uninterrupted run failed: returncode {result.returncode}, leaks "
+            f"{result.leaks}, stalled {result.stalled}\n{result.stderr[-3000:]}"
+        )
+    return campaign.consumed()
+
+
+def run_campaign(
+    campaign: Campaign, kind: str, kills: int, reference: Sequence[str], rng: random.Random
+) -> Outcome:
+    """Kill the loop `kills` times with `kind`, restarting it each time; compare its log."""
+    outcome = Outcome(campaign.config, kind)
+    attempts = 0
+    while outcome.kills < kills and attempts < 3 * kills:
+        attempts += 1
+        kill = _plan(kind, campaign, rng)
+        result = run_once(campaign, kill)
+        _record(outcome, result)
+        if result.returncode == 0:
+            break  # it finished before the kill was due
+    if not (campaign.workdir / "finished.json").exists():
+        result = run_once(campaign, None)
+        _record(outcome, result)
+        if result.returncode != 0:
+            outcome.failures.append(
+                f"the last run exited with {result.returncode}:\n{result.stderr[-3000:]}"
+            )
+    outcome.lost, outcome.duplicated, outcome.same_order = compare(reference, campaign.consumed())
+    return outcome
+
+
+LAST_KILL_BEFORE_END = 25
+"""Kills land at least this many batches before the end: the pipeline's buffers hold up to
+about 20 batches, so a worker killed later may not be missed before the run ends."""
+
+
+def _plan(kind: str, campaign: Campaign, rng: random.Random) -> Kill:
+    if rng.random() < 0.5:
+        return Kill(kind, at_time=rng.uniform(0.05, 1.0))
+    step = campaign.checkpointed_step() + rng.randint(1, 2 * campaign.every)
+    return Kill(kind, at_step=min(campaign.batches - LAST_KILL_BEFORE_END, step))
+
+
+def _record(outcome: Outcome, result: RunResult) -> None:
+    outcome.runs += 1
+    interrupted = result.killed and result.returncode != 0
+    outcome.kills += interrupted
+    outcome.stalls += result.stalled
+    outcome.leaks += result.leaks
+    if result.killed and not interrupted and outcome.kind != "worker SIGKILL":
+        # a worker may die after producing all that the run needs; the loop may not
+        outcome.failures.append(f"the loop finished despite {outcome.kind}")
