@@ -18,10 +18,10 @@ from .mapping import MapIterator
 from .sharded import ShardedIterator
 
 _WHY = {
-    "BucketedReadaheadBatchIterator": "it holds read-ahead items of this rank's shards",
-    "FixedBatchIterator": "a batch in progress holds items of this rank's shards",
-    "BlockwiseShuffleIterator": "its block holds items of this rank's shards",
-    "BufferedShuffleIterator": "its buffer holds items of this rank's shards",
+    "BucketedReadaheadBatchIterator": "its read-ahead holds this rank's items",
+    "FixedBatchIterator": "a batch in progress holds this rank's items",
+    "BlockwiseShuffleIterator": "its block holds this rank's items",
+    "BufferedShuffleIterator": "its buffer holds this rank's items",
     "WeightedMultiplexIterator": "its schedule belongs to this rank's sources",
     "MultiplexIterator": "its position belongs to this rank's sources",
     "EqualLengthIterator": "its counts and padding phase belong to this rank",
@@ -53,10 +53,11 @@ def elastic_state(
     name = type(iterator).__name__
     why = _WHY.get(name, "it is not a ShardedIterator (or a MapIterator over one)")
     raise ValueError(
-        f"restore_state: cannot resume on {world_size} ranks from a checkpoint of "
-        f"{len(states)}: {name} cannot be elastic ({why}); build the rank-dependent part of "
-        "the pipeline as a ShardedIterator, with per-shard batching, shuffling and mixing "
-        "inside its factory, or relaunch with the checkpoint's number of ranks"
+        f"restore_state: the checkpoint holds the data states of {len(states)} ranks, but "
+        f"this job has {world_size}, and {name} cannot be elastic ({why}); build the "
+        "rank-dependent part of the pipeline as a ShardedIterator, with per-shard batching, "
+        "shuffling and mixing inside its factory, or relaunch with "
+        f"{len(states)} ranks"
     )
 
 

@@ -2,7 +2,9 @@
 
 The first part runs in this process (ranks simulated by threads that agree through a
 stand-in for ``all_reduce``); the second launches real jobs with ``torchrun`` (gloo on
-CPU, 2 and 3 ranks) running ``test/_torchrun_worker.py``.
+CPU, 2 and 3 ranks) running ``test/_torchrun_worker.py``, and elastic jobs killed mid-pass
+and resumed on another number of ranks (2 -> 3, 3 -> 2, 4 -> 1) running
+``test/_torchrun_elastic.py``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from infinibatch_like.distributed import (
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "test" / "_torchrun_worker.py"
+ELASTIC_WORKER = REPO / "test" / "_torchrun_elastic.py"
 LAUNCH_TIMEOUT_S = 120
 
 # -- rank_and_world_size, gather_state and restore_state in one process -----------------
@@ -100,7 +103,10 @@ def test_restore_state_rejects_foreign_and_corrupt_checkpoints(no_rank_env: None
     with pytest.raises(ValueError, match=r"corrupt: .* got world_size=2 and 1 states"):
         restore_state(pipeline, {**gathered, "world_size": 2})
     two_ranks = {**gathered, "world_size": 2, "ranks": gathered["ranks"] * 2}
-    with pytest.raises(ValueError, match="states of 2 ranks, but this job has 1; resuming"):
+    with pytest.raises(
+        ValueError,
+        match="states of 2 ranks, but this job has 1, and NativeCheckpointableIterator cannot",
+    ):
         restore_state(pipeline, two_ranks)
 
 
@@ -294,7 +300,9 @@ def test_equal_length_iterator_rejects_bad_arguments_and_states() -> None:
 # -- real jobs under torchrun ---------------------------------------------------------------
 
 
-def torchrun(ranks: int, mode: str, out: Path) -> subprocess.CompletedProcess[str]:
+def torchrun(
+    ranks: int, mode: str, out: Path, worker: Path = WORKER
+) -> subprocess.CompletedProcess[str]:
     """Launch `ranks` gloo workers on CPU; kill the whole job if it outlives the timeout."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -306,7 +314,7 @@ def torchrun(ranks: int, mode: str, out: Path) -> subprocess.CompletedProcess[st
         "torch.distributed.run",
         "--standalone",
         f"--nproc_per_node={ranks}",
-        str(WORKER),
+        str(worker),
         mode,
         str(out),
     ]
@@ -434,6 +442,68 @@ def test_a_killed_job_resumes_exactly_on_every_rank(jobs: dict[str, Any]) -> Non
 
 
 @pytest.mark.slow
-def test_restoring_on_another_number_of_ranks_fails_clearly(jobs: dict[str, Any]) -> None:
+def test_restoring_a_non_elastic_pipeline_on_another_number_of_ranks_fails_clearly(
+    jobs: dict[str, Any],
+) -> None:
     for rank in jobs["three"]:
-        assert "holds the data states of 2 ranks, but this job has 3" in rank["mismatch"]
+        assert (
+            "holds the data states of 2 ranks, but this job has 3, and FixedBatchIterator "
+            "cannot be elastic (a batch in progress holds this rank's items)"
+        ) in rank["mismatch"]
+
+
+# -- elastic jobs: killed mid-pass, resumed on another number of ranks -----------------------
+
+ELASTIC_CORPUS = [f"c{chunk:02d}-{line}" for chunk in range(30) for line in range(chunk % 7 + 1)]
+ELASTIC_SHARDS = 12
+
+
+@pytest.fixture(scope="module", params=[(2, 3), (3, 2), (4, 1)], ids=lambda p: f"{p[0]}to{p[1]}")
+def elastic_job(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """A job of W1 ranks killed after a checkpoint, resumed on W2 ranks."""
+    old, new = request.param
+    out = tmp_path_factory.mktemp(f"elastic{old}to{new}")
+    crashed = torchrun(old, "first", out, ELASTIC_WORKER)
+    assert crashed.returncode != 0, "the first job should have been killed"
+    first = results(out, "first", old, crashed)
+    resumed = torchrun(new, "resume", out, ELASTIC_WORKER)
+    assert resumed.returncode == 0, resumed.stdout
+    return {"first": first, "resume": results(out, "resume", new, resumed), "new": new}
+
+
+@pytest.mark.slow
+def test_a_pass_resumed_on_another_number_of_ranks_delivers_every_item_once(
+    elastic_job: dict[str, Any],
+) -> None:
+    before = [batch for rank in elastic_job["first"] for batch in rank["finite"]]
+    after = [batch for rank in elastic_job["resume"] for batch in rank["finite"]]
+    assert before and after
+    assert [rank["world_size"] for rank in elastic_job["resume"]] == [elastic_job["new"]] * len(
+        elastic_job["resume"]
+    )
+    delivered = [item for batch in before + after for item in batch]
+    assert sorted(delivered) == sorted(ELASTIC_CORPUS)
+    # Each shard now runs on exactly one of the new ranks.
+    owned = sorted(shard for rank in elastic_job["resume"] for shard in rank["shards"])
+    assert owned == list(range(ELASTIC_SHARDS))
+
+
+@pytest.mark.slow
+def test_an_endless_stream_continues_the_same_whatever_the_number_of_ranks(
+    elastic_job: dict[str, Any],
+) -> None:
+    def by_shard(items: list[str]) -> dict[int, list[str]]:
+        shards: dict[int, list[str]] = {shard: [] for shard in range(ELASTIC_SHARDS)}
+        for item in items:
+            shards[int(item[1:3]) % ELASTIC_SHARDS].append(item)
+        return shards
+
+    single = by_shard(elastic_job["resume"][0]["single"])
+    for rank in elastic_job["resume"]:
+        seen = by_shard(rank["endless"])
+        for shard in rank["shards"]:
+            assert seen[shard], shard
+            assert seen[shard] == single[shard][: len(seen[shard])], shard
+        assert not any(seen[shard] for shard in set(seen) - set(rank["shards"]))

@@ -178,7 +178,7 @@ def test_restore_state_resumes_a_two_rank_checkpoint_on_one_process() -> None:
         (
             lambda s: it.BlockwiseShuffleIterator(s, 3, 1),
             "BlockwiseShuffleIterator",
-            "its block holds items",
+            "its block holds this rank's items",
         ),
         (lambda s: it.PrefetchIterator(s, 2, mode="thread"), "PrefetchIterator", "its replay"),
     ],
@@ -195,8 +195,7 @@ def test_restore_state_refuses_stages_that_cannot_be_elastic(
     }
     with pytest.raises(
         ValueError,
-        match=f"cannot resume on 1 ranks from a checkpoint of 2: "
-        f"{stage} cannot be elastic \\({why}",
+        match=f"states of 2 ranks, but this job has 1, and {stage} cannot be elastic \\({why}",
     ):
         restore_state(outer(ShardedIterator(factory, 4, 0, 1)), gathered)
 
