@@ -1,16 +1,17 @@
-"""One rank of the elastic jobs that test/test_distributed.py launches with torchrun.
+"""One rank of the elastic jobs that test/test_distributed.py launches with torchrun: a
+chain of jobs on changing numbers of ranks, each killed mid-pass after a checkpoint.
 
-Usage: ``torchrun --standalone --nproc_per_node=N test/_torchrun_elastic.py MODE OUT_DIR``
+Usage: ``torchrun --standalone --nproc_per_node=N test/_torchrun_elastic.py STEP OUT_DIR [last]``
 
-- ``first``: each rank reads part of a finite shuffled pass (batches made inside the
-  shards) and of an endless stream, the ranks gather one checkpoint that rank 0 saves,
-  read a little more, and the job dies hard (``os._exit``): what they read after the
-  checkpoint is lost.
-- ``resume`` (on another number of ranks): every rank restores the checkpoint, reads the
-  rest of the finite pass and some of the endless stream; rank 0 also restores the same
-  checkpoint on one simulated rank (in-process) as the reference for the endless stream.
+Job STEP restores ``OUT_DIR/checkpoint-STEP.pt`` (saved by the previous job, on its own
+number of ranks; none for step 0), then reads part of a finite shuffled pass (batches
+made inside the shards) and of an endless stream, gathers one checkpoint that rank 0
+saves as ``checkpoint-STEP+1.pt``, reads a little more, and dies hard (``os._exit``):
+what it read after the checkpoint is lost. The ``last`` job reads the rest of the pass
+and exits normally. After a restore, rank 0 also continues the same checkpoint on one
+simulated rank (in-process): the reference for the endless stream.
 
-Each rank writes what it saw to ``OUT_DIR/MODE-rankR.json``.
+Each rank writes what it saw to ``OUT_DIR/stepSTEP-rankR.json``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from infinibatch_like.sources import create_source_iterator
 
 CORPUS = [[f"c{chunk:02d}-{line}" for line in range(chunk % 7 + 1)] for chunk in range(30)]
 SHARDS = 12
-ENDLESS_ITEMS = 60
+ENDLESS_ITEMS = 36
 
 
 def read_chunk(chunk: int) -> list[str]:
@@ -62,43 +63,42 @@ def pipelines(rank: int, world_size: int) -> tuple[Any, Any]:
     return finite, endless
 
 
-def write(out: Path, mode: str, rank: int, report: dict[str, Any]) -> None:
-    path = out / f"{mode}-rank{rank}.json"
+def write(out: Path, step: int, rank: int, report: dict[str, Any]) -> None:
+    path = out / f"step{step}-rank{rank}.json"
     path.with_suffix(".tmp").write_text(json.dumps(report))
     path.with_suffix(".tmp").replace(path)
 
 
-def main(mode: str, out: Path) -> None:
+def main(step: int, out: Path, last: bool) -> None:
     dist.init_process_group("gloo")
     rank, world_size = rank_and_world_size()
-    checkpoint = out / "checkpoint.pt"
     finite, endless = pipelines(rank, world_size)
-    report: dict[str, Any] = {"world_size": world_size}
-    if mode == "first":
-        report["finite"] = list(islice(finite, 2 + 2 * rank))  # uneven progress per rank
-        report["endless"] = list(islice(endless, 5 + 3 * rank))
-        data = {"finite": gather_state(finite), "endless": gather_state(endless)}
-        if rank == 0:
-            torch.save(data, checkpoint)
-        dist.barrier()
-        report["lost"] = list(islice(finite, 2))
-        write(out, mode, rank, report)
-        dist.barrier()
-        os._exit(3)  # killed mid-pass: no clean shutdown
-    saved = torch.load(checkpoint, weights_only=True)
-    restore_state(finite, saved["finite"])
-    restore_state(endless, saved["endless"])
-    report["shards"] = endless.shards
-    report["start"] = {str(shard): count for shard, count in endless.delivered.items()}
-    report["finite"] = list(finite)
-    report["endless"] = list(islice(endless, ENDLESS_ITEMS))
-    if rank == 0:  # the same checkpoint continued on a single rank
-        single = ShardedIterator(endless_shard, SHARDS, 0, 1)
-        single.setstate(elastic_state(single, saved["endless"]["ranks"], 0, 1))
-        report["single"] = list(islice(single, ENDLESS_ITEMS * world_size * 2))
-    write(out, mode, rank, report)
-    dist.destroy_process_group()
+    report: dict[str, Any] = {"world_size": world_size, "shards": endless.shards}
+    if step:
+        saved = torch.load(out / f"checkpoint-{step}.pt", weights_only=True)
+        restore_state(finite, saved["finite"])
+        restore_state(endless, saved["endless"])
+        report["start"] = {str(shard): count for shard, count in endless.delivered.items()}
+        if rank == 0:  # the same checkpoint continued on a single rank
+            single = ShardedIterator(endless_shard, SHARDS, 0, 1)
+            single.setstate(elastic_state(single, saved["endless"]["ranks"], 0, 1))
+            report["single"] = list(islice(single, ENDLESS_ITEMS * 2))
+    report["endless"] = list(islice(endless, ENDLESS_ITEMS // world_size))
+    if last:
+        report["finite"] = list(finite)
+        write(out, step, rank, report)
+        dist.destroy_process_group()
+        return
+    report["finite"] = list(islice(finite, 2 + rank))  # uneven progress per rank
+    data = {"finite": gather_state(finite), "endless": gather_state(endless)}
+    if rank == 0:
+        torch.save(data, out / f"checkpoint-{step + 1}.pt")
+    dist.barrier()
+    report["lost"] = list(islice(finite, 2))
+    write(out, step, rank, report)
+    dist.barrier()
+    os._exit(3)  # killed mid-pass: no clean shutdown
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]))
+    main(int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:] == ["last"])

@@ -301,7 +301,7 @@ def test_equal_length_iterator_rejects_bad_arguments_and_states() -> None:
 
 
 def torchrun(
-    ranks: int, mode: str, out: Path, worker: Path = WORKER
+    ranks: int, mode: str, out: Path, worker: Path = WORKER, extra: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess[str]:
     """Launch `ranks` gloo workers on CPU; kill the whole job if it outlives the timeout."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -317,6 +317,7 @@ def torchrun(
         str(worker),
         mode,
         str(out),
+        *extra,
     ]
     with subprocess.Popen(
         command,
@@ -456,43 +457,48 @@ def test_restoring_a_non_elastic_pipeline_on_another_number_of_ranks_fails_clear
 
 ELASTIC_CORPUS = [f"c{chunk:02d}-{line}" for chunk in range(30) for line in range(chunk % 7 + 1)]
 ELASTIC_SHARDS = 12
+ELASTIC_CHAIN = [2, 3, 2, 4, 1]
+"""The numbers of ranks of successive jobs: switches 2 -> 3, 3 -> 2, 2 -> 4 and 4 -> 1."""
 
 
-@pytest.fixture(scope="module", params=[(2, 3), (3, 2), (4, 1)], ids=lambda p: f"{p[0]}to{p[1]}")
-def elastic_job(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, Any]:
-    """A job of W1 ranks killed after a checkpoint, resumed on W2 ranks."""
-    old, new = request.param
-    out = tmp_path_factory.mktemp(f"elastic{old}to{new}")
-    crashed = torchrun(old, "first", out, ELASTIC_WORKER)
-    assert crashed.returncode != 0, "the first job should have been killed"
-    first = results(out, "first", old, crashed)
-    resumed = torchrun(new, "resume", out, ELASTIC_WORKER)
-    assert resumed.returncode == 0, resumed.stdout
-    return {"first": first, "resume": results(out, "resume", new, resumed), "new": new}
+@pytest.fixture(scope="module")
+def elastic_chain(tmp_path_factory: pytest.TempPathFactory) -> list[list[dict[str, Any]]]:
+    """Jobs on ELASTIC_CHAIN's numbers of ranks, each killed after a checkpoint that the
+    next one restores (the last one reads the rest of the pass): each job's rank reports."""
+    out = tmp_path_factory.mktemp("elastic")
+    jobs = []
+    for step, ranks in enumerate(ELASTIC_CHAIN):
+        last = step == len(ELASTIC_CHAIN) - 1
+        proc = torchrun(ranks, str(step), out, ELASTIC_WORKER, ("last",) if last else ())
+        assert (proc.returncode == 0) == last, (
+            f"step {step}, exit {proc.returncode}:\n{proc.stdout}"
+        )
+        jobs.append(results(out, f"step{step}", ranks, proc))
+    return jobs
 
 
 @pytest.mark.slow
-def test_a_pass_resumed_on_another_number_of_ranks_delivers_every_item_once(
-    elastic_job: dict[str, Any],
+def test_a_pass_resumed_on_other_numbers_of_ranks_delivers_every_item_once(
+    elastic_chain: list[list[dict[str, Any]]],
 ) -> None:
-    before = [batch for rank in elastic_job["first"] for batch in rank["finite"]]
-    after = [batch for rank in elastic_job["resume"] for batch in rank["finite"]]
-    assert before and after
-    assert [rank["world_size"] for rank in elastic_job["resume"]] == [elastic_job["new"]] * len(
-        elastic_job["resume"]
-    )
-    delivered = [item for batch in before + after for item in batch]
+    assert [[rank["world_size"] for rank in job] for job in elastic_chain] == [
+        [ranks] * ranks for ranks in ELASTIC_CHAIN
+    ]
+    delivered = []
+    for job in elastic_chain:
+        batches = [batch for rank in job for batch in rank["finite"]]
+        assert batches, "every job reads part of the pass"
+        delivered += [item for batch in batches for item in batch]
+        # Each shard runs on exactly one rank of each job.
+        owned = sorted(shard for rank in job for shard in rank["shards"])
+        assert owned == list(range(ELASTIC_SHARDS))
     assert sorted(delivered) == sorted(ELASTIC_CORPUS)
-    # Each shard now runs on exactly one of the new ranks.
-    owned = sorted(shard for rank in elastic_job["resume"] for shard in rank["shards"])
-    assert owned == list(range(ELASTIC_SHARDS))
+    assert any(rank["lost"] for job in elastic_chain[:-1] for rank in job)
 
 
 @pytest.mark.slow
 def test_an_endless_stream_continues_the_same_whatever_the_number_of_ranks(
-    elastic_job: dict[str, Any],
+    elastic_chain: list[list[dict[str, Any]]],
 ) -> None:
     def by_shard(items: list[str]) -> dict[int, list[str]]:
         shards: dict[int, list[str]] = {shard: [] for shard in range(ELASTIC_SHARDS)}
@@ -500,10 +506,11 @@ def test_an_endless_stream_continues_the_same_whatever_the_number_of_ranks(
             shards[int(item[1:3]) % ELASTIC_SHARDS].append(item)
         return shards
 
-    single = by_shard(elastic_job["resume"][0]["single"])
-    for rank in elastic_job["resume"]:
-        seen = by_shard(rank["endless"])
-        for shard in rank["shards"]:
-            assert seen[shard], shard
-            assert seen[shard] == single[shard][: len(seen[shard])], shard
-        assert not any(seen[shard] for shard in set(seen) - set(rank["shards"]))
+    for job in elastic_chain[1:]:
+        single = by_shard(job[0]["single"])
+        for rank in job:
+            seen = by_shard(rank["endless"])
+            for shard in rank["shards"]:
+                assert seen[shard], shard
+                assert seen[shard] == single[shard][: len(seen[shard])], shard
+            assert not any(seen[shard] for shard in set(seen) - set(rank["shards"]))
