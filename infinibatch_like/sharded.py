@@ -251,10 +251,9 @@ class ShardedIterator(Stage[T]):
         self._max_replay = snapshot_every
         self._groups: list[_ShardGroup] = []
         self._feeds: list[CheckpointableIterator[tuple[int, bool, Any]]] = []
-        for worker in range(max(1, min(workers, len(self._owned)))):
-            group = _ShardGroup(
-                factory, self._owned[worker :: max(1, workers)], num_shards, self._max_replay
-            )
+        count = max(1, min(workers, len(self._owned)))  # no idle worker
+        for worker in range(count):
+            group = _ShardGroup(factory, self._owned[worker::count], num_shards, snapshot_every)
             self._groups.append(group)
             self._feeds.append(
                 PrefetchIterator(

@@ -37,6 +37,7 @@ RUNNABLE_PAGES = [
     "howto/batching.md",
     "howto/parallelism.md",
     "howto/checkpoints.md",
+    "howto/elastic.md",
     "concepts.md",
     "migrating.md",
     "distributed.md",
