@@ -52,6 +52,19 @@ def endless_factory(shard: int, num_shards: int) -> it.CheckpointableIterator[st
     return it.BlockwiseShuffleIterator(it.SelectManyIterator(source, CORPUS.__getitem__), 4, 9)
 
 
+DIALOG = [[f"d{chunk:02d}-{line}" for line in range(chunk % 3 + 2)] for chunk in range(23)]
+
+
+def mixed_factory(shard: int, num_shards: int) -> it.CheckpointableIterator[str]:
+    """Two endless corpora mixed 3:1 by an exact schedule, inside each shard."""
+    chunks = list(range(shard, len(CORPUS), num_shards))
+    sources = [
+        it.SelectManyIterator(create_source_iterator(chunks, seed=shard), corpus.__getitem__)
+        for corpus in (CORPUS, DIALOG)
+    ]
+    return it.WeightedMultiplexIterator(sources, [3, 1], seed=shard, exact=True)
+
+
 def shard_of(item: str, num_shards: int) -> int:
     return int(item[1:3]) % num_shards
 
@@ -124,19 +137,20 @@ def test_every_item_is_delivered_once_across_a_change_of_ranks(
     assert sorted(delivered) == sorted(flat(corpus))
 
 
-def test_endless_shards_continue_the_same_whatever_the_number_of_ranks() -> None:
+@pytest.mark.parametrize("factory", [endless_factory, mixed_factory])
+def test_endless_shards_continue_the_same_whatever_the_number_of_ranks(factory: Any) -> None:
     shards, per_shard = 6, 12
     reference: dict[int, list[str]] = defaultdict(list)
-    for item in islice(ShardedIterator(endless_factory, shards, 0, 1), 200):
+    for item in islice(ShardedIterator(factory, shards, 0, 1), 200):
         reference[shard_of(item, shards)].append(item)
-    old = [ShardedIterator(endless_factory, shards, rank, 2) for rank in range(2)]
+    old = [ShardedIterator(factory, shards, rank, 2) for rank in range(2)]
     for rank, pipeline in enumerate(old):
         list(islice(pipeline, 5 + 4 * rank))  # uneven progress per rank
     states = [pipeline.getstate() for pipeline in old]
     start = {shard: count for pipeline in old for shard, count in pipeline.delivered.items()}
     for new in (1, 2, 3, 6):
         seen: dict[int, list[str]] = defaultdict(list)
-        for pipeline in resumed(endless_factory, shards, states, new):
+        for pipeline in resumed(factory, shards, states, new):
             for item in islice(pipeline, per_shard * len(pipeline.shards)):
                 seen[shard_of(item, shards)].append(item)
         for shard in range(shards):
