@@ -16,14 +16,19 @@ P1 (from bench_background.py): gzip chunks -> chunked_dataset_iterator (blockwis
 
 Reports wall-clock ratios (medians): ceiling / sharded (target >= 0.9: within 10 % of the
 ceiling) and the speed-up over infinibatch, with the CPU time of every run (consumer and
-worker processes). Run ``python bench/bench_sharded.py [--quick]``; results go to
-``bench/results/sharded.json``.
+worker processes). Also, for docs/howto/elastic.md: the JSON size of a P1 ShardedIterator
+state per shard, and the spread of items per rank, (max - min) / mean, of 64 shards over
+1,000 chunks of 5,000 to 15,000 lines on 2 to 8 ranks. Run
+``python bench/bench_sharded.py [--quick]``; results go to ``bench/results/sharded.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import multiprocessing
+import random
 import sys
 import time
 from typing import Any
@@ -43,7 +48,7 @@ from corpus import build_corpus, read_chunk
 
 import infinibatch_like.iterators as ours
 from infinibatch_like.datasets import chunked_dataset_iterator
-from infinibatch_like.sharded import ShardedIterator
+from infinibatch_like.sharded import ShardedIterator, owned_shards
 
 WORKERS = 2
 
@@ -97,6 +102,30 @@ def ceiling_run(chunks: list[str], lines: int) -> tuple[float, float]:
         process.join()
     wall = time.perf_counter() - started
     return wall, children_cpu() - children_before
+
+
+def state_bytes_per_shard(chunks: list[str], shards: int) -> float:
+    pipeline = ShardedIterator(P1Shard(chunks), shards, 0, 1)
+    for _ in itertools.islice(pipeline, 100):
+        pass
+    size = len(json.dumps(pipeline.getstate()))
+    pipeline.close()
+    return size / shards
+
+
+def spread_per_rank(shards: int = 64, chunks: int = 1000) -> dict[int, float]:
+    """(max - min) / mean of the lines per rank, for 2 to 8 ranks."""
+    rng = random.Random(0)
+    sizes = [rng.randint(5_000, 15_000) for _ in range(chunks)]
+    per_shard = [sum(sizes[shard::shards]) for shard in range(shards)]
+    spreads = {}
+    for ranks in range(2, 9):
+        lines = [
+            sum(per_shard[shard] for shard in owned_shards(shards, rank, ranks))
+            for rank in range(ranks)
+        ]
+        spreads[ranks] = (max(lines) - min(lines)) / (sum(lines) / ranks)
+    return spreads
 
 
 def main(argv: list[str] | None = None) -> int:

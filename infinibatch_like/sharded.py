@@ -196,8 +196,9 @@ class ShardedIterator(Stage[T]):
         factory: ``factory(shard, num_shards)`` -> the shard's CheckpointableIterator.
         num_shards: the number of virtual shards (fixed for the whole training: pick a
             multiple of every world size you expect, e.g. 64).
-        rank, world_size: this rank and the number of ranks (default:
+        rank: this rank (default, with `world_size`:
             `infinibatch_like.distributed.rank_and_world_size`).
+        world_size: the number of ranks.
         workers: worker processes (0: run the shards in this process).
         start_method: the workers' multiprocessing start method (None: the default).
         buffer_size: items each worker keeps ready.
