@@ -54,9 +54,14 @@ def check_entry(stage: Stage[Any], entry: object, max_replay: int) -> State:
         raise stage.mismatch(f"a shard entry must be a dict, got {type(entry).__name__}")
     for key, kind in _ENTRY_FIELDS.items():
         kinds = kind if isinstance(kind, tuple) else (kind,)
-        value = entry.get(key, ...)
+        if key not in entry:
+            raise stage.mismatch(f"a shard entry lacks the field {key!r}: {entry!r}")
+        value = entry[key]
         if not isinstance(value, kinds) or (type(value) is bool and bool not in kinds):
-            raise stage.mismatch(f"shard entry field {key!r} is {value!r}, expected {kinds}")
+            names = " or ".join(
+                "None" if option is type(None) else option.__name__ for option in kinds
+            )
+            raise stage.mismatch(f"shard entry field {key!r} is {value!r}, expected {names}")
     if not 0 <= entry["replay"] <= max_replay or entry["delivered"] < 0:
         raise stage.mismatch(
             f"shard {entry['shard']}: expected 0 <= replay <= {max_replay} and delivered >= 0, "
@@ -74,10 +79,6 @@ def next_live(shards: list[int], ended: list[bool], index: int) -> int:
         if not ended[candidate]:
             return shards[candidate]
     return -1
-
-
-def _tag(shard: int, ended: bool, item: Any) -> tuple[int, bool, Any]:
-    return (shard, ended, item)
 
 
 class _ShardGroup(Stage[tuple[int, bool, Any]]):
@@ -168,11 +169,11 @@ class _ShardGroup(Stage[tuple[int, bool, Any]]):
                     ended[index] = True
                     live -= 1
                     self._next = next_live(shards, ended, index)
-                    yield _tag(shards[index], True, None)
+                    yield (shards[index], True, None)
                     continue
                 delivered[index] += 1
                 self._next = next_live(shards, ended, index)
-                yield _tag(shards[index], False, item)
+                yield (shards[index], False, item)
             index = (index + 1) % count
         self._next = -1
 

@@ -226,6 +226,22 @@ def test_elastic_state_refuses_missing_duplicate_shards_and_another_num_shards()
         elastic_state(ShardedIterator(endless_factory, 5, 0, 3), states, 0, 3)
 
 
+def test_damaged_shard_entries_are_refused_by_field() -> None:
+    pipeline = ShardedIterator(endless_factory, 4, 0, 1)
+    state = pipeline.getstate()
+    state["shards"][1]["replay"] = "x"
+    with pytest.raises(ValueError, match="shard entry field 'replay' is 'x', expected int"):
+        pipeline.setstate(state)
+    state = pipeline.getstate()
+    del state["shards"][0]["ended"]
+    with pytest.raises(ValueError, match="a shard entry lacks the field 'ended'"):
+        pipeline.setstate(state)
+    state = pipeline.getstate()
+    state["shards"][2]["replay"] = 10**9
+    with pytest.raises(ValueError, match=r"expected 0 <= replay <= 100 .* got replay=1000000000"):
+        pipeline.setstate(state)
+
+
 def test_a_rank_state_given_to_another_rank_is_refused() -> None:
     state = ShardedIterator(endless_factory, 4, 0, 2).getstate()
     with pytest.raises(ValueError, match=r"holds shards \[0, 2\], but rank 1 of 2 reads \[1, 3\]"):
