@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import infinibatch_like.iterators as it
+from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.distributed import GATHERED_FORMAT, restore_state
 from infinibatch_like.elastic import elastic_state
 from infinibatch_like.sharded import ShardedIterator, owned_shards
@@ -65,8 +66,21 @@ def mixed_factory(shard: int, num_shards: int) -> it.CheckpointableIterator[str]
     return it.WeightedMultiplexIterator(sources, [3, 1], seed=shard, exact=True)
 
 
-def shard_of(item: str, num_shards: int) -> int:
-    return int(item[1:3]) % num_shards
+def chain_factory(shard: int, num_shards: int) -> it.CheckpointableIterator[list[str]]:
+    """chunked_dataset_iterator (chunk read-ahead), a thread ParallelMapIterator and bucketed
+    batches, inside each shard."""
+    chunks = list(range(shard, len(CORPUS), num_shards))
+    lines = chunked_dataset_iterator(
+        chunks, CORPUS.__getitem__, buffer_size=4, seed=shard, read_ahead_chunks=1
+    )
+    upper = it.ParallelMapIterator(lines, str.upper, 2, 3, mode="thread")
+    return it.BucketedReadaheadBatchIterator(upper, read_ahead=6, key=len, batch_size=2, seed=1)
+
+
+def shard_of(item: str | list[str], num_shards: int) -> int:
+    """The shard of an item (or of a batch, by its first item): its chunk's."""
+    first = item[0] if isinstance(item, list) else item
+    return int(first[1:3]) % num_shards
 
 
 def resumed(factory: Any, shards: int, states: list[Any], world_size: int, **options: Any) -> Any:
@@ -137,10 +151,10 @@ def test_every_item_is_delivered_once_across_a_change_of_ranks(
     assert sorted(delivered) == sorted(flat(corpus))
 
 
-@pytest.mark.parametrize("factory", [endless_factory, mixed_factory])
+@pytest.mark.parametrize("factory", [endless_factory, mixed_factory, chain_factory])
 def test_endless_shards_continue_the_same_whatever_the_number_of_ranks(factory: Any) -> None:
     shards, per_shard = 6, 12
-    reference: dict[int, list[str]] = defaultdict(list)
+    reference: dict[int, list[Any]] = defaultdict(list)
     for item in islice(ShardedIterator(factory, shards, 0, 1), 200):
         reference[shard_of(item, shards)].append(item)
     old = [ShardedIterator(factory, shards, rank, 2) for rank in range(2)]
@@ -149,7 +163,7 @@ def test_endless_shards_continue_the_same_whatever_the_number_of_ranks(factory: 
     states = [pipeline.getstate() for pipeline in old]
     start = {shard: count for pipeline in old for shard, count in pipeline.delivered.items()}
     for new in (1, 2, 3, 6):
-        seen: dict[int, list[str]] = defaultdict(list)
+        seen: dict[int, list[Any]] = defaultdict(list)
         for pipeline in resumed(factory, shards, states, new):
             for item in islice(pipeline, per_shard * len(pipeline.shards)):
                 seen[shard_of(item, shards)].append(item)
