@@ -55,9 +55,8 @@ def test_same_items_and_states_as_without_read_ahead(
     sizes: list[int], read_ahead: int, data: st.DataObject
 ) -> None:
     chunks = Chunks(sizes)
-    plain, early = (
-        flat(list(range(len(sizes))), chunks, 0),
-        flat(list(range(len(sizes))), chunks, read_ahead),
+    plain, early = flat(list(range(len(sizes))), chunks, 0), flat(
+        list(range(len(sizes))), chunks, read_ahead
     )
     states = []
     with plain, early:

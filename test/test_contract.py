@@ -69,19 +69,17 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
     ],
     "InfinitePermutationSourceIterator": [
         lambda: it.InfinitePermutationSourceIterator(list(range(7)), seed=3),
-        lambda: it.InfinitePermutationSourceIterator(
-            list(range(5)), seed=1, num_instances=3, instance_rank=2
-        ),
-        lambda: it.InfinitePermutationSourceIterator(
-            list(range(2)), seed=4, num_instances=5, instance_rank=3
-        ),
-        lambda: it.InfinitePermutationSourceIterator(
-            list(range(4)), shuffle=False, num_instances=2, instance_rank=1
-        ),
+        lambda: it.InfinitePermutationSourceIterator(list(range(5)), seed=1, num_instances=3,
+                                                      instance_rank=2),
+        lambda: it.InfinitePermutationSourceIterator(list(range(2)), seed=4, num_instances=5,
+                                                      instance_rank=3),
+        lambda: it.InfinitePermutationSourceIterator(list(range(4)), shuffle=False,
+                                                      num_instances=2, instance_rank=1),
     ],
     "RandomIterator": [lambda: it.RandomIterator(seed=5)],
     "SelectManyIterator": [
-        lambda: it.SelectManyIterator(it.NativeCheckpointableIterator(list(range(9))), read_chunk),
+        lambda: it.SelectManyIterator(it.NativeCheckpointableIterator(list(range(9))),
+                                      read_chunk),
         lambda: it.SelectManyIterator(it.NativeCheckpointableIterator(CHUNKS)),
         lambda: it.SelectManyIterator(
             it.NativeCheckpointableIterator(list(range(9))), read_chunk, read_ahead=2
@@ -133,18 +131,11 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
     "BucketedReadaheadBatchIterator": [
         lambda: it.BucketedReadaheadBatchIterator(
             it.SelectManyIterator(it.NativeCheckpointableIterator(list(range(9))), read_chunk),
-            read_ahead=7,
-            key=length_of,
-            batch_size=2,
-            seed=1,
+            read_ahead=7, key=length_of, batch_size=2, seed=1,
         ),
         lambda: it.BucketedReadaheadBatchIterator(
-            it.FixedBatchIterator(native(60), 3),
-            read_ahead=5,
-            key=length_of,
-            batch_size=capacity,
-            boundary_key=length_of,
-            shuffle=False,
+            it.FixedBatchIterator(native(60), 3), read_ahead=5, key=length_of,
+            batch_size=capacity, boundary_key=length_of, shuffle=False,
         ),
     ],
     "PrefetchIterator": [
@@ -152,9 +143,9 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
         lambda: it.PrefetchIterator(native(40), 3, mode="thread", snapshot_every=5),
         lambda: it.MapIterator(
             it.PrefetchIterator(
-                it.SelectManyIterator(it.NativeCheckpointableIterator(list(range(9))), read_chunk),
-                5,
-                snapshot_every=3,
+                it.SelectManyIterator(it.NativeCheckpointableIterator(list(range(9))),
+                                      read_chunk),
+                5, snapshot_every=3,
             ),
             str.upper,
         ),
@@ -163,35 +154,18 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
         lambda: it.ParallelMapIterator(native(30), add_one, 2, 3, snapshot_every=4),
         lambda: it.ParallelMapIterator(native(30), add_one, 3, 2, snapshot_every=5, mode="thread"),
         lambda: it.ParallelMapIterator(
-            it.PrefetchIterator(native(20), 6, snapshot_every=5),
-            add_one,
-            2,
-            2,
+            it.PrefetchIterator(native(20), 6, snapshot_every=5), add_one, 2, 2,
             snapshot_every=3,
         ),
     ],
     "chunked_dataset_iterator": [
         lambda: chunked_dataset_iterator(list(range(9)), read_chunk, buffer_size=5, seed=2),
-        lambda: chunked_dataset_iterator(
-            list(range(9)),
-            read_chunk,
-            buffer_size=4,
-            seed=2,
-            use_windowed=True,
-            transform=str.upper,
-        ),
-        lambda: chunked_dataset_iterator(
-            list(range(9)),
-            read_chunk,
-            buffer_size=4,
-            train=False,
-            shuffle=False,
-            num_instances=2,
-            instance_rank=1,
-        ),
-        lambda: chunked_dataset_iterator(
-            list(range(9)), read_chunk, buffer_size=4, seed=3, prefetch=True
-        ),
+        lambda: chunked_dataset_iterator(list(range(9)), read_chunk, buffer_size=4, seed=2,
+                                         use_windowed=True, transform=str.upper),
+        lambda: chunked_dataset_iterator(list(range(9)), read_chunk, buffer_size=4, train=False,
+                                         shuffle=False, num_instances=2, instance_rank=1),
+        lambda: chunked_dataset_iterator(list(range(9)), read_chunk, buffer_size=4, seed=3,
+                                         prefetch=True),
     ],
 }
 
@@ -234,10 +208,7 @@ DIFFERENT: dict[str, Callable[[], CheckpointableIterator[Any]]] = {
     "BufferedShuffleIterator-0": lambda: it.BufferedShuffleIterator(native(), 7, 11),
     "BucketedReadaheadBatchIterator-0": lambda: it.BucketedReadaheadBatchIterator(
         it.SelectManyIterator(it.NativeCheckpointableIterator(list(range(9))), read_chunk),
-        read_ahead=7,
-        key=length_of,
-        batch_size=3,
-        seed=1,
+        read_ahead=7, key=length_of, batch_size=3, seed=1,
     ),
     "PrefetchIterator-0": lambda: it.PrefetchIterator(native(22), 4, snapshot_every=7),
     "ParallelMapIterator-0": lambda: it.ParallelMapIterator(
@@ -247,16 +218,10 @@ DIFFERENT: dict[str, Callable[[], CheckpointableIterator[Any]]] = {
         list(range(9))[::-1], read_chunk, buffer_size=5, seed=2
     ),
     "chunked_dataset_iterator-2": lambda: chunked_dataset_iterator(
-        list(range(9)),
-        read_chunk,
-        buffer_size=4,
-        train=False,
-        shuffle=False,
-        num_instances=3,
+        list(range(9)), read_chunk, buffer_size=4, train=False, shuffle=False, num_instances=3,
         instance_rank=1,
     ),
 }
-
 
 def public_iterator_names() -> set[str]:
     names = set()
@@ -298,11 +263,5 @@ def test_contract(
 ) -> None:
     assert_checkpointable(factory, max_items=80, different=different)
     if different is not None:  # and the other way round
-        assert_checkpointable(
-            different,
-            max_items=20,
-            different=factory,
-            check_damage=False,
-            check_pickle=False,
-            check_torch=False,
-        )
+        assert_checkpointable(different, max_items=20, different=factory, check_damage=False,
+                              check_pickle=False, check_torch=False)

@@ -124,12 +124,8 @@ def test_chunked_source_iterator(items: list[int], data: st.DataObject) -> None:
 
 
 @DIFF
-@given(
-    items=st.lists(small_ints, min_size=1, max_size=60),
-    seed=seeds,
-    shuffle=st.booleans(),
-    data=st.data(),
-)
+@given(items=st.lists(small_ints, min_size=1, max_size=60), seed=seeds, shuffle=st.booleans(),
+       data=st.data())
 def test_infinite_permutation_source_iterator(
     items: list[int], seed: int, shuffle: bool, data: st.DataObject
 ) -> None:

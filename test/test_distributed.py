@@ -2,8 +2,8 @@
 
 The first part runs in this process (ranks simulated by threads that agree through a
 stand-in for ``all_reduce``); the second launches real jobs with ``torchrun`` (gloo on
-CPU, 2 and 3 ranks) running ``test/_torchrun_worker.py``, and elastic jobs killed mid-pass
-and resumed on another number of ranks (2 -> 3, 3 -> 2, 4 -> 1) running
+CPU, 2 and 3 ranks) running ``test/_torchrun_worker.py``, and a chain of elastic jobs on
+2, 3, 2, 4 and 1 ranks, each killed mid-pass and resumed by the next, running
 ``test/_torchrun_elastic.py``.
 """
 

@@ -263,7 +263,8 @@ def test_internal_links_and_anchors_resolve(site: Path) -> None:
 
 # Docstrings that griffe cannot fully parse: (module file, start of the warning, the fix).
 # Such a docstring renders with that part missing. Remove an entry once it is fixed.
-KNOWN_DOCSTRING_WARNINGS: list[tuple[str, str, str]] = []
+KNOWN_DOCSTRING_WARNINGS: list[tuple[str, str, str]] = [
+]
 
 
 def test_docstrings_parse_as_google_style() -> None:

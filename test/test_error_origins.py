@@ -56,7 +56,9 @@ def read_gzip_lines(path: str) -> Iterator[str]:
 
 @needs_notes
 @pytest.mark.parametrize("read_ahead", [0, 2])
-def test_truncated_gzip_chunk_is_named_and_nothing_is_lost(tmp_path: Path, read_ahead: int) -> None:
+def test_truncated_gzip_chunk_is_named_and_nothing_is_lost(
+    tmp_path: Path, read_ahead: int
+) -> None:
     paths = write_gzip_chunks(tmp_path, 3, 3000)
     whole = Path(paths[1]).read_bytes()
     Path(paths[1]).write_bytes(whole[: len(whole) // 2])
@@ -188,47 +190,23 @@ def test_selector_returning_a_str_is_refused_but_str_items_are_iterated() -> Non
     ("arguments", "error", "message"),
     [
         (([], list, 4), ValueError, "chunked_dataset_iterator: chunk_refs is empty"),
-        (
-            ("data/*.gz", list, 4),
-            TypeError,
-            "chunked_dataset_iterator: chunk_refs must be a sequence of chunk references",
-        ),
-        (
-            (iter(["a"]), list, 4),
-            TypeError,
-            "chunked_dataset_iterator: chunk_refs must be a sequence of chunk references",
-        ),
-        (
-            (["a"], None, 4),
-            TypeError,
-            "chunked_dataset_iterator: read_chunk_fn must be callable, got None",
-        ),
-        (
-            (["a"], list, "4"),
-            TypeError,
-            "chunked_dataset_iterator: buffer_size must be an int, got '4'",
-        ),
+        (("data/*.gz", list, 4), TypeError,
+         "chunked_dataset_iterator: chunk_refs must be a sequence of chunk references"),
+        ((iter(["a"]), list, 4), TypeError,
+         "chunked_dataset_iterator: chunk_refs must be a sequence of chunk references"),
+        ((["a"], None, 4), TypeError,
+         "chunked_dataset_iterator: read_chunk_fn must be callable, got None"),
+        ((["a"], list, "4"), TypeError,
+         "chunked_dataset_iterator: buffer_size must be an int, got '4'"),
         ((["a"], list, 0), ValueError, "chunked_dataset_iterator: buffer_size must be >= 1, got 0"),
-        (
-            (["a"], list, 4, True, 1.5),
-            TypeError,
-            "chunked_dataset_iterator: seed must be an int or None, got 1.5",
-        ),
-        (
-            (["a"], list, 4, True, 1, True, False, "upper"),
-            TypeError,
-            "chunked_dataset_iterator: transform must be callable, got 'upper'",
-        ),
-        (
-            (["a"], list, 4, True, 1, True, False, None, False, 2, 2),
-            ValueError,
-            "chunked_dataset_iterator: instance_rank must be < num_instances (2), got 2",
-        ),
-        (
-            (["a"], list, 4, True, 1, True, False, None, False, "2"),
-            TypeError,
-            "chunked_dataset_iterator: num_instances must be an int, got '2'",
-        ),
+        ((["a"], list, 4, True, 1.5), TypeError,
+         "chunked_dataset_iterator: seed must be an int or None, got 1.5"),
+        ((["a"], list, 4, True, 1, True, False, "upper"), TypeError,
+         "chunked_dataset_iterator: transform must be callable, got 'upper'"),
+        ((["a"], list, 4, True, 1, True, False, None, False, 2, 2), ValueError,
+         "chunked_dataset_iterator: instance_rank must be < num_instances (2), got 2"),
+        ((["a"], list, 4, True, 1, True, False, None, False, "2"), TypeError,
+         "chunked_dataset_iterator: num_instances must be an int, got '2'"),
     ],
 )
 def test_chunked_dataset_iterator_names_its_bad_argument(
@@ -354,87 +332,40 @@ def batch_size_of_readme(longest: str) -> int:
 @pytest.mark.parametrize(
     ("build", "error", "note"),
     [
-        (
-            lambda: it.MapIterator(native(range(9)), failing),
-            KeyError,
-            "(raised by MapIterator's transform failing on item 3)",
-        ),
-        (
-            lambda: it.FixedBatchIterator(
-                it.MapIterator(it.MapIterator(native(range(9)), failing), str), 2
-            ),
-            KeyError,
-            "(raised by MapIterator's transform failing on item 3)",
-        ),
-        (
-            lambda: it.MapIterator(native(["a", 3]), str.upper),
-            TypeError,
-            "(raised by MapIterator's transform str.upper)",
-        ),
-        (
-            lambda: it.MapIterator(native(range(9)), Scaler(2)),
-            ZeroDivisionError,
-            "(raised by MapIterator's transform Scaler on item 3)",
-        ),
-        (
-            lambda: it.MapIterator(native(range(9)), Scaler(2).scale),
-            ZeroDivisionError,
-            "(raised by MapIterator's transform Scaler.scale on item 3)",
-        ),
-        (
-            lambda: it.MapIterator(native(range(9)), functools.partial(divmod, 1)),
-            ZeroDivisionError,
-            "(raised by MapIterator's transform partial(divmod))",
-        ),
-        (
-            lambda: it.MapIterator(it.MapIterator(native(range(9)), failing), failing),
-            KeyError,
-            "(raised by MapIterator's transform failing, used by 2 stages, on item 3)",
-        ),
-        (
-            lambda: it.BlockwiseShuffleIterator(it.MapIterator(native(range(9)), failing), 4),
-            KeyError,
-            "(raised by MapIterator's transform failing on item 3)",
-        ),
-        (
-            lambda: it.SamplingRandomMapIterator(
-                native(range(9)), lambda rng, x: failing(x), seed=1
-            ),
-            KeyError,
-            "(raised by SamplingRandomMapIterator's transform <lambda> on item 3)",
-        ),
-        (
-            lambda: it.RecurrentIterator(native(range(9)), lambda state, x: (state, failing(x))),
-            KeyError,
-            "(raised by RecurrentIterator's step_function <lambda> on item 3)",
-        ),
-        (
-            lambda: it.BucketedReadaheadBatchIterator(
-                native(["ab", "c", "", ""]), 2, len, batch_size_of_readme
-            ),
-            ZeroDivisionError,
-            "(raised by BucketedReadaheadBatchIterator's batch_size batch_size_of_readme "
-            "on item '')",
-        ),
-        (
-            lambda: it.BucketedReadaheadBatchIterator(
-                native([1, 2, 3, 4]), 4, failing, 2, shuffle=False
-            ),
-            KeyError,
-            "(raised by BucketedReadaheadBatchIterator's key failing on item 3)",
-        ),
-        (
-            lambda: it.BucketedReadaheadBatchIterator(
-                native([1, 2, 3, 4]), 4, None, 2, boundary_key=failing
-            ),
-            KeyError,
-            "(raised by BucketedReadaheadBatchIterator's boundary_key failing on item 3)",
-        ),
-        (
-            lambda: it.SelectManyIterator(native(range(5)), lambda x: [failing(x)]),
-            KeyError,
-            "(raised by SelectManyIterator's collection_selector on 3, after 0 of its items)",
-        ),
+        (lambda: it.MapIterator(native(range(9)), failing), KeyError,
+         "(raised by MapIterator's transform failing on item 3)"),
+        (lambda: it.FixedBatchIterator(
+            it.MapIterator(it.MapIterator(native(range(9)), failing), str), 2), KeyError,
+         "(raised by MapIterator's transform failing on item 3)"),
+        (lambda: it.MapIterator(native(["a", 3]), str.upper), TypeError,
+         "(raised by MapIterator's transform str.upper)"),
+        (lambda: it.MapIterator(native(range(9)), Scaler(2)), ZeroDivisionError,
+         "(raised by MapIterator's transform Scaler on item 3)"),
+        (lambda: it.MapIterator(native(range(9)), Scaler(2).scale), ZeroDivisionError,
+         "(raised by MapIterator's transform Scaler.scale on item 3)"),
+        (lambda: it.MapIterator(native(range(9)), functools.partial(divmod, 1)),
+         ZeroDivisionError, "(raised by MapIterator's transform partial(divmod))"),
+        (lambda: it.MapIterator(it.MapIterator(native(range(9)), failing), failing), KeyError,
+         "(raised by MapIterator's transform failing, used by 2 stages, on item 3)"),
+        (lambda: it.BlockwiseShuffleIterator(it.MapIterator(native(range(9)), failing), 4),
+         KeyError, "(raised by MapIterator's transform failing on item 3)"),
+        (lambda: it.SamplingRandomMapIterator(
+            native(range(9)), lambda rng, x: failing(x), seed=1), KeyError,
+         "(raised by SamplingRandomMapIterator's transform <lambda> on item 3)"),
+        (lambda: it.RecurrentIterator(native(range(9)), lambda state, x: (state, failing(x))),
+         KeyError, "(raised by RecurrentIterator's step_function <lambda> on item 3)"),
+        (lambda: it.BucketedReadaheadBatchIterator(
+            native(["ab", "c", "", ""]), 2, len, batch_size_of_readme), ZeroDivisionError,
+         "(raised by BucketedReadaheadBatchIterator's batch_size batch_size_of_readme "
+         "on item '')"),
+        (lambda: it.BucketedReadaheadBatchIterator(
+            native([1, 2, 3, 4]), 4, failing, 2, shuffle=False), KeyError,
+         "(raised by BucketedReadaheadBatchIterator's key failing on item 3)"),
+        (lambda: it.BucketedReadaheadBatchIterator(
+            native([1, 2, 3, 4]), 4, None, 2, boundary_key=failing), KeyError,
+         "(raised by BucketedReadaheadBatchIterator's boundary_key failing on item 3)"),
+        (lambda: it.SelectManyIterator(native(range(5)), lambda x: [failing(x)]), KeyError,
+         "(raised by SelectManyIterator's collection_selector on 3, after 0 of its items)"),
     ],
 )
 def test_error_in_a_user_callable_names_the_stage_once(build: Any, error: type, note: str) -> None:
@@ -509,10 +440,7 @@ def over_chunks(transform: Any) -> it.CheckpointableIterator[Any]:
 
 def chunked(transform: Any) -> it.CheckpointableIterator[Any]:
     return chunked_dataset_iterator(
-        [range(start, start + 10) for start in range(0, 50, 10)],
-        list,
-        8,
-        seed=2,
+        [range(start, start + 10) for start in range(0, 50, 10)], list, 8, seed=2,
         transform=transform,
     )
 
@@ -612,7 +540,9 @@ def test_getstate_refuses_the_undefined_position_after_a_failed_transform(build:
         take(pipeline, got, 100)
     with pytest.raises(RuntimeError) as raised:
         pipeline.getstate()
-    assert "the item it was given is consumed from the source and not yielded" in str(raised.value)
+    assert "the item it was given is consumed from the source and not yielded" in str(
+        raised.value
+    )
     assert "Restore a checkpoint taken before the error" in str(raised.value)
     pipeline.setstate(before)  # which re-attempts item 37: nothing skipped
     assert [next(pipeline) for _ in range(len(got))] == got
@@ -636,6 +566,7 @@ def test_state_after_an_error_in_a_batching_callable_re_raises_there() -> None:
         next(restored)
 
 
+
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_a_few_non_empty_chunks_among_many_empty_ones_reach_every_rank_that_can_read_them(
     shuffle: bool,
@@ -656,10 +587,9 @@ def test_a_few_non_empty_chunks_among_many_empty_ones_reach_every_rank_that_can_
 
 
 def test_an_empty_corpus_is_refused_from_a_prefetching_worker_too() -> None:
-    with (
-        chunked_dataset_iterator(list(range(3)), empty_chunk, 4, seed=1, prefetch=True) as pipeline,
-        pytest.raises(ValueError, match="all 3 chunks in chunk_refs are empty"),
-    ):
+    with chunked_dataset_iterator(
+        list(range(3)), empty_chunk, 4, seed=1, prefetch=True
+    ) as pipeline, pytest.raises(ValueError, match="all 3 chunks in chunk_refs are empty"):
         next(pipeline)
 
 

@@ -21,112 +21,49 @@ def native(n: int = 10) -> it.NativeCheckpointableIterator:
 @pytest.mark.parametrize(
     ("build", "error", "message"),
     [
-        (
-            lambda: it.FixedBatchIterator(native(), 0),
-            ValueError,
-            "FixedBatchIterator: batch_size must be >= 1, got 0",
-        ),
-        (
-            lambda: it.FixedBatchIterator(native(), 2.0),
-            TypeError,
-            "FixedBatchIterator: batch_size must be an int, got 2.0",
-        ),
-        (
-            lambda: it.BlockwiseShuffleIterator(native(), -1),
-            ValueError,
-            "BlockwiseShuffleIterator: block_size must be >= 1, got -1",
-        ),
-        (
-            lambda: it.BufferedShuffleIterator(native(), 0),
-            ValueError,
-            "BufferedShuffleIterator: buffer_size must be >= 1, got 0",
-        ),
-        (
-            lambda: it.BucketedReadaheadBatchIterator(native(), 0, None, 2),
-            ValueError,
-            "BucketedReadaheadBatchIterator: read_ahead must be >= 1, got 0",
-        ),
-        (
-            lambda: it.BucketedReadaheadBatchIterator(native(), 5, None, 0),
-            ValueError,
-            "BucketedReadaheadBatchIterator: batch_size must be >= 1, got 0",
-        ),
-        (
-            lambda: it.BucketedReadaheadBatchIterator(native(), 5, None, "8"),
-            TypeError,
-            "BucketedReadaheadBatchIterator: batch_size must be callable, got '8'",
-        ),
-        (
-            lambda: it.BucketedReadaheadBatchIterator(native(), 5, 3, 2),
-            TypeError,
-            "BucketedReadaheadBatchIterator: key must be callable, got 3",
-        ),
-        (
-            lambda: it.WindowedIterator(native(), 0),
-            ValueError,
-            "WindowedIterator: width must be >= 1, got 0",
-        ),
-        (
-            lambda: it.MapIterator(native(), None),
-            TypeError,
-            "MapIterator: transform must be callable, got None",
-        ),
-        (
-            lambda: it.MapIterator([1, 2], str),
-            ValueError,
-            "MapIterator: source_iterator must be a CheckpointableIterator, got list",
-        ),
-        (
-            lambda: it.ZipIterator(native(), iter([1])),
-            ValueError,
-            "ZipIterator: source_iterators[1] must be a CheckpointableIterator, got list_iterator",
-        ),
+        (lambda: it.FixedBatchIterator(native(), 0), ValueError,
+         "FixedBatchIterator: batch_size must be >= 1, got 0"),
+        (lambda: it.FixedBatchIterator(native(), 2.0), TypeError,
+         "FixedBatchIterator: batch_size must be an int, got 2.0"),
+        (lambda: it.BlockwiseShuffleIterator(native(), -1), ValueError,
+         "BlockwiseShuffleIterator: block_size must be >= 1, got -1"),
+        (lambda: it.BufferedShuffleIterator(native(), 0), ValueError,
+         "BufferedShuffleIterator: buffer_size must be >= 1, got 0"),
+        (lambda: it.BucketedReadaheadBatchIterator(native(), 0, None, 2), ValueError,
+         "BucketedReadaheadBatchIterator: read_ahead must be >= 1, got 0"),
+        (lambda: it.BucketedReadaheadBatchIterator(native(), 5, None, 0), ValueError,
+         "BucketedReadaheadBatchIterator: batch_size must be >= 1, got 0"),
+        (lambda: it.BucketedReadaheadBatchIterator(native(), 5, None, "8"), TypeError,
+         "BucketedReadaheadBatchIterator: batch_size must be callable, got '8'"),
+        (lambda: it.BucketedReadaheadBatchIterator(native(), 5, 3, 2), TypeError,
+         "BucketedReadaheadBatchIterator: key must be callable, got 3"),
+        (lambda: it.WindowedIterator(native(), 0), ValueError,
+         "WindowedIterator: width must be >= 1, got 0"),
+        (lambda: it.MapIterator(native(), None), TypeError,
+         "MapIterator: transform must be callable, got None"),
+        (lambda: it.MapIterator([1, 2], str), ValueError,
+         "MapIterator: source_iterator must be a CheckpointableIterator, got list"),
+        (lambda: it.ZipIterator(native(), iter([1])), ValueError,
+         "ZipIterator: source_iterators[1] must be a CheckpointableIterator, got list_iterator"),
         (lambda: it.ZipIterator(), ValueError, "ZipIterator: needs at least one source"),
-        (
-            lambda: it.MultiplexIterator(native(), [native(), 3]),
-            ValueError,
-            "MultiplexIterator: source_iterators[1] must be a CheckpointableIterator, got int",
-        ),
-        (
-            lambda: it.NativeCheckpointableIterator(iter([1, 2])),
-            ValueError,
-            "NativeCheckpointableIterator: iterable must be re-iterable, got an iterator",
-        ),
-        (
-            lambda: it.InfinitePermutationSourceIterator([]),
-            ValueError,
-            "InfinitePermutationSourceIterator: source_items must not be empty",
-        ),
-        (
-            lambda: it.InfinitePermutationSourceIterator([1], num_instances=2, instance_rank=2),
-            ValueError,
-            "InfinitePermutationSourceIterator: instance_rank must be < num_instances",
-        ),
-        (
-            lambda: it.InfinitePermutationSourceIterator([1], seed=1.5),
-            TypeError,
-            "InfinitePermutationSourceIterator: seed must be an int, a str or None, got 1.5",
-        ),
-        (
-            lambda: it.ChunkedSourceIterator([1, 2], num_instances=0),
-            ValueError,
-            "ChunkedSourceIterator: num_instances must be >= 1, got 0",
-        ),
-        (
-            lambda: it.ChunkedSourceIterator([1, 2], num_instances=2, instance_rank=5),
-            ValueError,
-            "ChunkedSourceIterator: instance_rank must be < num_instances (2), got 5",
-        ),
-        (
-            lambda: it.create_source_iterator([1], train=False, shuffle=True),
-            ValueError,
-            "create_source_iterator: shuffle=True is not supported when train=False",
-        ),
-        (
-            lambda: chunked_dataset_iterator([1], list, 4, train=False),
-            ValueError,
-            "chunked_dataset_iterator: shuffle=True is not supported when train=False",
-        ),
+        (lambda: it.MultiplexIterator(native(), [native(), 3]), ValueError,
+         "MultiplexIterator: source_iterators[1] must be a CheckpointableIterator, got int"),
+        (lambda: it.NativeCheckpointableIterator(iter([1, 2])), ValueError,
+         "NativeCheckpointableIterator: iterable must be re-iterable, got an iterator"),
+        (lambda: it.InfinitePermutationSourceIterator([]), ValueError,
+         "InfinitePermutationSourceIterator: source_items must not be empty"),
+        (lambda: it.InfinitePermutationSourceIterator([1], num_instances=2, instance_rank=2),
+         ValueError, "InfinitePermutationSourceIterator: instance_rank must be < num_instances"),
+        (lambda: it.InfinitePermutationSourceIterator([1], seed=1.5), TypeError,
+         "InfinitePermutationSourceIterator: seed must be an int, a str or None, got 1.5"),
+        (lambda: it.ChunkedSourceIterator([1, 2], num_instances=0), ValueError,
+         "ChunkedSourceIterator: num_instances must be >= 1, got 0"),
+        (lambda: it.ChunkedSourceIterator([1, 2], num_instances=2, instance_rank=5), ValueError,
+         "ChunkedSourceIterator: instance_rank must be < num_instances (2), got 5"),
+        (lambda: it.create_source_iterator([1], train=False, shuffle=True), ValueError,
+         "create_source_iterator: shuffle=True is not supported when train=False"),
+        (lambda: chunked_dataset_iterator([1], list, 4, train=False), ValueError,
+         "chunked_dataset_iterator: shuffle=True is not supported when train=False"),
     ],
 )
 def test_bad_arguments_are_named(build: Any, error: type[Exception], message: str) -> None:
@@ -138,9 +75,8 @@ def test_multiplex_names_the_exhausted_source() -> None:
     control = it.NativeCheckpointableIterator([0, 1, 1, 1])
     multiplex = it.MultiplexIterator(control, [native(3), native(2)])
     assert [next(multiplex) for _ in range(3)] == [0, 0, 1]
-    with pytest.raises(
-        it.MultiplexSourceExhaustedError, match=re.escape("source_iterators[1] is exhausted")
-    ):
+    with pytest.raises(it.MultiplexSourceExhaustedError,
+                       match=re.escape("source_iterators[1] is exhausted")):
         next(multiplex)
     assert issubclass(it.MultiplexSourceExhaustedError, RuntimeError)
 
@@ -232,9 +168,8 @@ def test_context_manager_closes_the_whole_chain() -> None:
 
 def test_unpicklable_callable_is_refused_clearly() -> None:
     pipeline = it.FixedBatchIterator(it.MapIterator(native(), lambda x: x), 2)
-    with pytest.raises(
-        pickle.PicklingError, match="cannot pickle MapIterator: its transform <function"
-    ):
+    with pytest.raises(pickle.PicklingError,
+                       match="cannot pickle MapIterator: its transform <function"):
         pickle.dumps(pipeline)
 
 
@@ -271,9 +206,8 @@ def _chunk_with_pid(chunk: int) -> list[tuple[int, int]]:
 def test_prefetch_true_really_prefetches() -> None:
     from infinibatch_like.prefetch import PrefetchIterator
 
-    with chunked_dataset_iterator(
-        list(range(6)), _chunk_with_pid, 4, prefetch=True, seed=1, train=False, shuffle=False
-    ) as pipeline:
+    with chunked_dataset_iterator(list(range(6)), _chunk_with_pid, 4, prefetch=True, seed=1,
+                                  train=False, shuffle=False) as pipeline:
         assert isinstance(pipeline, PrefetchIterator)
         items = list(pipeline)
     assert [chunk for chunk, _ in items] == list(range(6))

@@ -104,7 +104,6 @@ def test_type_checkers_see_the_installed_package(tmp_path: Path) -> None:
             """
         )
     )
-
     def mypy(name: str) -> subprocess.CompletedProcess[str]:
         return _run(["-m", "mypy", "--strict", "--no-incremental", name], tmp_path, 200)
 

@@ -90,9 +90,8 @@ def test_same_output_as_map_iterator_with_exact_restores(processes: int, per_pro
     expected = list(it.MapIterator(native(150), square))
 
     def make() -> it.ParallelMapIterator:
-        return it.ParallelMapIterator(
-            native(150), square, processes, per_process, snapshot_every=10
-        )
+        return it.ParallelMapIterator(native(150), square, processes, per_process,
+                                      snapshot_every=10)
 
     with make() as pipeline:
         states, got = [], []
@@ -120,13 +119,8 @@ def test_every_start_method(method: str) -> None:
         state = pipeline.getstate()
         rest = list(pipeline)
     assert first + rest == [line.split() for line in ["a b", "c", "d e f"] * 10]
-    fresh = it.ParallelMapIterator(
-        it.NativeCheckpointableIterator(["a b", "c", "d e f"] * 10),
-        tokens,
-        2,
-        4,
-        start_method=method,
-    )
+    fresh = it.ParallelMapIterator(it.NativeCheckpointableIterator(["a b", "c", "d e f"] * 10),
+                                   tokens, 2, 4, start_method=method)
     fresh.setstate(state)
     assert list(fresh) == rest
     fresh.close()
@@ -184,7 +178,9 @@ def test_unsendable_transform_under_spawn_is_named() -> None:
     lock = threading.Lock()  # a lambda is sent (cloudpickle); a lock in its closure is not
     transform = lambda x: (lock, x)[1]  # noqa: E731
     pipeline = it.ParallelMapIterator(native(5), transform, 2, 1, start_method="spawn")
-    with pytest.raises(pickle.PicklingError, match=r"ParallelMapIterator.*transform.*lambda.*lock"):
+    with pytest.raises(
+        pickle.PicklingError, match=r"ParallelMapIterator.*transform.*lambda.*lock"
+    ):
         next(pipeline)
     pipeline.close()
     assert not children()
@@ -227,20 +223,15 @@ def test_nested_inside_and_around_a_process_prefetcher() -> None:
 
     def inside() -> it.PrefetchIterator:
         return it.PrefetchIterator(
-            it.ParallelMapIterator(
-                it.NativeCheckpointableIterator(lines), tokens, 2, 5, snapshot_every=8
-            ),
-            10,
-            snapshot_every=6,
+            it.ParallelMapIterator(it.NativeCheckpointableIterator(lines), tokens, 2, 5,
+                                   snapshot_every=8),
+            10, snapshot_every=6,
         )
 
     def around() -> it.ParallelMapIterator:
         return it.ParallelMapIterator(
             it.PrefetchIterator(it.NativeCheckpointableIterator(lines), 10, snapshot_every=6),
-            tokens,
-            2,
-            5,
-            snapshot_every=8,
+            tokens, 2, 5, snapshot_every=8,
         )
 
     for make in (inside, around):

@@ -209,10 +209,9 @@ def test_after_close_next_and_setstate_raise(mode: str) -> None:
 
 def test_empty_buffer_warning_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     source = it.MapIterator(it.NativeCheckpointableIterator(list(range(3))), slow)
-    with (
-        caplog.at_level(logging.WARNING, logger="infinibatch_like"),
-        PrefetchIterator(source, 2, log_empty_buffer_warning=True) as pipeline,
-    ):
+    with caplog.at_level(logging.WARNING, logger="infinibatch_like"), PrefetchIterator(
+        source, 2, log_empty_buffer_warning=True
+    ) as pipeline:
         assert list(pipeline) == [0, 1, 2]
     assert any("buffer is empty" in record.getMessage() for record in caplog.records)
 
@@ -247,9 +246,8 @@ def test_killed_worker_raises_a_clear_error(mode: str) -> None:
             drain(pipeline, [])
         # a restore starts a new worker
         pipeline.setstate(None)
-        assert next(pipeline) == next(
-            iter(it.InfinitePermutationSourceIterator(list(range(10)), seed=1))
-        )
+        assert next(pipeline) == next(iter(it.InfinitePermutationSourceIterator(list(range(10)),
+                                                                                  seed=1)))
     assert not children()
 
 
@@ -339,13 +337,8 @@ print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=Tru
 
 def _run_child(tail: str, interrupt: bool) -> None:
     script = _CHILD.format(repo=REPO, tail=textwrap.dedent(tail))
-    child = subprocess.Popen(
-        [sys.executable, "-c", script],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     assert child.stdout is not None
     pids = [int(pid) for pid in child.stdout.readline().split()]
     assert len(pids) >= 3, child.stderr.read() if child.stderr else ""

@@ -20,16 +20,10 @@ from hypothesis import strategies as st
 import infinibatch_like.iterators as it
 from infinibatch_like.datasets import chunked_dataset_iterator
 
-FAST = settings(
-    max_examples=250,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-SLOW = settings(
-    max_examples=10,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+FAST = settings(max_examples=250, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SLOW = settings(max_examples=10, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 seeds = st.one_of(st.integers(0, 2**64), st.sampled_from(["", "seed", "ζ"]))
 
@@ -115,12 +109,7 @@ def boundary_of(item: str) -> int:
 
 
 def bucketed_model(
-    items: list[str],
-    read_ahead: int,
-    key: Any,
-    batch_size: Any,
-    boundary: Any,
-    shuffle: bool,
+    items: list[str], read_ahead: int, key: Any, batch_size: Any, boundary: Any, shuffle: bool,
     seed: Any,
 ) -> list[list[str]]:
     """The documented algorithm: sort each window, cut greedily, shuffle the batches."""
@@ -170,17 +159,10 @@ def test_bucketed_batches(
     items = [f"{i}#" + "x" * n for i, n in enumerate(lengths)]
     key = len if use_key else None
     boundary = boundary_of if use_boundary else None
-    batches = list(
-        it.BucketedReadaheadBatchIterator(
-            native(items),
-            read_ahead,
-            key,
-            batch_size,
-            boundary_key=boundary,
-            shuffle=shuffle,
-            seed=seed,
-        )
-    )
+    batches = list(it.BucketedReadaheadBatchIterator(
+        native(items), read_ahead, key, batch_size, boundary_key=boundary, shuffle=shuffle,
+        seed=seed,
+    ))
     flat = [item for batch in batches for item in batch]
     assert sorted(flat) == sorted(items)
     # Batches never cross read-ahead windows, and each window's items come out together.
@@ -202,7 +184,9 @@ def test_bucketed_batches(
         if not shuffle:
             expected = window if key is None else sorted(window, key=len, reverse=True)
             assert out == expected
-    assert batches == bucketed_model(items, read_ahead, key, batch_size, boundary, shuffle, seed)
+    assert batches == bucketed_model(
+        items, read_ahead, key, batch_size, boundary, shuffle, seed
+    )
 
 
 # -- ChunkedSourceIterator -----------------------------------------------------------------
@@ -239,12 +223,9 @@ def test_infinite_permutation_ranks_cover_each_pass(
     items = [f"p{i}" for i in range(per_rank * num_instances)]
     length = len(items)
     outputs = [
-        take(
-            it.InfinitePermutationSourceIterator(
-                items, seed=seed, shuffle=shuffle, num_instances=num_instances, instance_rank=rank
-            ),
-            passes * length // num_instances,
-        )
+        take(it.InfinitePermutationSourceIterator(
+            items, seed=seed, shuffle=shuffle, num_instances=num_instances, instance_rank=rank
+        ), passes * length // num_instances)
         for rank in range(num_instances)
     ]
     union = Counter(item for output in outputs for item in output)
@@ -278,15 +259,11 @@ def test_infinite_permutation_passes_of_one_rank(
     # Any number of ranks, even more than items, yields promptly: rank r takes the
     # positions r, r + n, ... of the single-rank stream.
     count = max(1, passes * length // num_instances)
-    strided = take(
-        it.InfinitePermutationSourceIterator(
-            items, seed=seed, num_instances=num_instances, instance_rank=rank
-        ),
-        count,
-    )
-    whole = take(
-        it.InfinitePermutationSourceIterator(items, seed=seed), rank + num_instances * count
-    )
+    strided = take(it.InfinitePermutationSourceIterator(
+        items, seed=seed, num_instances=num_instances, instance_rank=rank
+    ), count)
+    whole = take(it.InfinitePermutationSourceIterator(items, seed=seed),
+                 rank + num_instances * count)
     assert strided == whole[rank::num_instances][:count]
 
 
@@ -334,17 +311,17 @@ PIPELINES: dict[str, Callable[[int, int], it.CheckpointableIterator[Any]]] = {
     "BucketedReadaheadBatchIterator": lambda seed, size: it.BucketedReadaheadBatchIterator(
         native(distinct(8_000)), 3 * size + 1, len, size % 4 + 1, seed=seed
     ),
-    "BucketedReadaheadBatchIterator-dynamic": lambda seed, size: it.BucketedReadaheadBatchIterator(
-        native(distinct(8_000)),
-        2 * size + 1,
-        key=lambda item: item[-1],
-        batch_size=lambda first: int(first[-1]) % 4,
-        boundary_key=lambda item: item[-2],
-        shuffle=False,
-        seed=seed,
+    "BucketedReadaheadBatchIterator-dynamic": lambda seed, size: (
+        it.BucketedReadaheadBatchIterator(
+            native(distinct(8_000)), 2 * size + 1, key=lambda item: item[-1],
+            batch_size=lambda first: int(first[-1]) % 4, boundary_key=lambda item: item[-2],
+            shuffle=False, seed=seed,
+        )
     ),
-    "InfinitePermutationSourceIterator": lambda seed, size: it.InfinitePermutationSourceIterator(
-        distinct(size), seed=seed, num_instances=3, instance_rank=size % 3
+    "InfinitePermutationSourceIterator": lambda seed, size: (
+        it.InfinitePermutationSourceIterator(
+            distinct(size), seed=seed, num_instances=3, instance_rank=size % 3
+        )
     ),
     "SelectManyIterator": lambda seed, size: it.SelectManyIterator(
         it.InfinitePermutationSourceIterator(distinct(size + 2), seed=seed), select_repeated
@@ -353,11 +330,7 @@ PIPELINES: dict[str, Callable[[int, int], it.CheckpointableIterator[Any]]] = {
         native([distinct(size)] * 2_000)
     ),
     "chunked_dataset_iterator": lambda seed, size: chunked_dataset_iterator(
-        list(range(1, 40)),
-        read_chunk,
-        buffer_size=size,
-        seed=seed,
-        num_instances=2,
+        list(range(1, 40)), read_chunk, buffer_size=size, seed=seed, num_instances=2,
         instance_rank=seed % 2,
     ),
     "chunked_dataset_iterator-eval": lambda seed, size: chunked_dataset_iterator(
@@ -401,7 +374,9 @@ UNSEEDED: dict[str, Callable[[], it.CheckpointableIterator[Any]]] = {
     "BlockwiseShuffleIterator": lambda: it.BlockwiseShuffleIterator(
         native(range(60)), 7, seed=None
     ),
-    "BufferedShuffleIterator": lambda: it.BufferedShuffleIterator(native(range(60)), 7, seed=None),
+    "BufferedShuffleIterator": lambda: it.BufferedShuffleIterator(
+        native(range(60)), 7, seed=None
+    ),
     "BucketedReadaheadBatchIterator": lambda: it.BucketedReadaheadBatchIterator(
         native(range(60)), 9, key=lambda item: item % 5, batch_size=2, seed=None
     ),

@@ -53,11 +53,8 @@ def items_read_to_restore(
         # Buffered: the buffer is in the state; only the next item is read.
         (lambda c: it.BufferedShuffleIterator(counted(10_000, c), 100, 1), 5_050, 1),
         # Bucketed: one read-ahead window.
-        (
-            lambda c: it.BucketedReadaheadBatchIterator(counted(10_000, c), 50, None, 5, seed=1),
-            700,
-            50,
-        ),
+        (lambda c: it.BucketedReadaheadBatchIterator(counted(10_000, c), 50, None, 5, seed=1),
+         700, 50),
         # Windowed: at most 2 * max(width, 64) items, plus the next one.
         (lambda c: it.WindowedIterator(counted(10_000, c), 3), 5_000, 2 * 64 + 1),
         (lambda c: it.WindowedIterator(counted(10_000, c), 100), 5_000, 2 * 100 + 1),
@@ -75,9 +72,8 @@ def test_select_many_rereads_one_collection() -> None:
         return list(range(index * 10, index * 10 + 10))
 
     def build() -> it.CheckpointableIterator[Any]:
-        return chunked_dataset_iterator(
-            list(range(50)), read_chunk, buffer_size=1, train=False, shuffle=False
-        )
+        return chunked_dataset_iterator(list(range(50)), read_chunk, buffer_size=1, train=False,
+                                        shuffle=False)
 
     original = build()
     list(itertools.islice(original, 255))
@@ -87,3 +83,4 @@ def test_select_many_rereads_one_collection() -> None:
     fresh.setstate(state)
     assert next(fresh) == 255
     assert reads == [25]
+

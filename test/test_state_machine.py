@@ -141,32 +141,21 @@ def build_source(spec: tuple[Any, ...]) -> it.CheckpointableIterator[Any]:
     if kind == "permutation":
         items, seed, shuffle, num_instances, rank = args
         return it.InfinitePermutationSourceIterator(
-            list(items),
-            seed=seed,
-            shuffle=shuffle,
-            num_instances=num_instances,
+            list(items), seed=seed, shuffle=shuffle, num_instances=num_instances,
             instance_rank=rank,
         )
     if kind == "chunked":
         items, num_instances, rank = args
-        return it.ChunkedSourceIterator(
-            list(items), num_instances=num_instances, instance_rank=rank
-        )
+        return it.ChunkedSourceIterator(list(items), num_instances=num_instances,
+                                        instance_rank=rank)
     if kind == "random":
         return it.RandomIterator(seed=args[0])
     if kind == "dataset":
         chunks, buffer_size, train, seed, shuffle, use_windowed, transform, n, rank = args
         return chunked_dataset_iterator(
-            list(range(len(chunks))),
-            partial(read_chunk_from, chunks),
-            buffer_size,
-            train=train,
-            seed=seed,
-            shuffle=shuffle,
-            use_windowed=use_windowed,
-            transform=transform,
-            num_instances=n,
-            instance_rank=rank,
+            list(range(len(chunks))), partial(read_chunk_from, chunks), buffer_size,
+            train=train, seed=seed, shuffle=shuffle, use_windowed=use_windowed,
+            transform=transform, num_instances=n, instance_rank=rank,
         )
     raise AssertionError(f"unknown source {kind}")
 
@@ -192,13 +181,9 @@ def build_stage(
     if kind == "bucketed":
         read_ahead, use_key, size, use_boundary, shuffle, seed = args
         return it.BucketedReadaheadBatchIterator(
-            pipeline,
-            read_ahead,
-            weight if use_key else None,
+            pipeline, read_ahead, weight if use_key else None,
             size if isinstance(size, int) else partial(capacity, size[1]),
-            boundary_key=parity if use_boundary else None,
-            shuffle=shuffle,
-            seed=seed,
+            boundary_key=parity if use_boundary else None, shuffle=shuffle, seed=seed,
         )
     if kind == "sampling":
         return it.SamplingRandomMapIterator(pipeline, sample_with, args[0])
@@ -272,24 +257,16 @@ def draw_source(draw: Any, drawn: Drawn, infinite_only: bool = False) -> tuple[A
         return ("random", seeds(draw, drawn))
     train = infinite_only or draw(st.booleans())
     # Training mode is endless: every chunk has an item, else it could search forever.
-    chunk_sizes = draw(
-        st.lists(st.integers(1 if train else 0, 4), min_size=1 if train else 0, max_size=6)
+    chunk_sizes = draw(st.lists(st.integers(1 if train else 0, 4), min_size=1 if train else 0,
+                                max_size=6))
+    chunks = tuple(
+        tuple(f"k{c}.{i}" for i in range(size)) for c, size in enumerate(chunk_sizes)
     )
-    chunks = tuple(tuple(f"k{c}.{i}" for i in range(size)) for c, size in enumerate(chunk_sizes))
     shuffle = draw(st.booleans()) if train else False
     seed = seeds(draw, drawn, allow_str=False) if train else draw(st.integers(0, 99))
     transform = draw(st.sampled_from([None, str.upper]))
-    return (
-        "dataset",
-        chunks,
-        draw(st.integers(1, 6)),
-        train,
-        seed,
-        shuffle,
-        draw(st.booleans()),
-        transform,
-        *ranks(draw),
-    )
+    return ("dataset", chunks, draw(st.integers(1, 6)), train, seed, shuffle,
+            draw(st.booleans()), transform, *ranks(draw))
 
 
 def source_infinite(spec: tuple[Any, ...]) -> bool:
@@ -297,18 +274,8 @@ def source_infinite(spec: tuple[Any, ...]) -> bool:
 
 
 STAGE_KINDS = [
-    "map",
-    "select_many",
-    "batch",
-    "window",
-    "blockwise",
-    "buffered",
-    "bucketed",
-    "sampling",
-    "recurrent",
-    "zip",
-    "multiplex",
-    "weighted",
+    "map", "select_many", "batch", "window", "blockwise", "buffered", "bucketed",
+    "sampling", "recurrent", "zip", "multiplex", "weighted",
 ]
 
 
@@ -350,19 +317,11 @@ def draw_stage(draw: Any, drawn: Drawn) -> list[tuple[Any, ...]]:
         drawn.tuples = False
         return [*prefix, ("buffered", draw(st.integers(1, 6)), seeds(draw, drawn))]
     if kind == "bucketed":
-        size = draw(st.one_of(st.integers(1, 4), st.tuples(st.just("capacity"), st.integers(0, 4))))
+        size = draw(st.one_of(st.integers(1, 4), st.tuples(st.just("capacity"),
+                                                          st.integers(0, 4))))
         drawn.depth += 1
-        return [
-            (
-                "bucketed",
-                draw(st.integers(1, 8)),
-                draw(st.booleans()),
-                size,
-                draw(st.booleans()),
-                draw(st.booleans()),
-                seeds(draw, drawn),
-            )
-        ]
+        return [("bucketed", draw(st.integers(1, 8)), draw(st.booleans()), size,
+                 draw(st.booleans()), draw(st.booleans()), seeds(draw, drawn))]
     if kind == "sampling":
         drawn.depth, drawn.tuples = 0, False
         return [("sampling", seeds(draw, drawn))]
@@ -597,10 +556,7 @@ PipelineMachine.TestCase.settings = settings(
     max_examples=600,
     stateful_step_count=40,
     deadline=None,
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.filter_too_much,
-    ],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                           HealthCheck.filter_too_much],
 )
 TestPipelineMachine = PipelineMachine.TestCase
