@@ -137,11 +137,14 @@ def restore_state(
     """Restore `iterator` on this rank from a `gather_state` result (a local call).
 
     Each rank takes the state of its own rank in `group` (default: the whole job). Every
-    rank must restore from the same gathered dict.
+    rank must restore from the same gathered dict. On another number of ranks, a pipeline
+    built on a `ShardedIterator` (under MapIterator stages only) takes the entries of the
+    shards it now owns from every old rank's state (`infinibatch_like.elastic`): every
+    shard continues exactly where it stopped, on exactly one rank.
 
     Raises:
         ValueError: if `state` is not a `gather_state` result, or was gathered on another
-            number of ranks (resuming on a different number of ranks is not supported).
+            number of ranks and the pipeline is not elastic (naming the stage and why).
         StateMismatchError: (a ValueError) if this rank's state does not fit `iterator`.
     """
     if not isinstance(state, dict):
@@ -165,11 +168,10 @@ def restore_state(
         )
     rank, world_size = _group_rank_and_size("restore_state", group)
     if world_size != saved_size:
-        raise ValueError(
-            f"restore_state: the checkpoint holds the data states of {saved_size} ranks, but "
-            f"this job has {world_size}; resuming on a different number of ranks is not "
-            f"supported yet: relaunch with {saved_size} ranks"
-        )
+        from .elastic import elastic_state
+
+        iterator.setstate(elastic_state(iterator, states, rank, world_size))
+        return
     iterator.setstate(states[rank])
 
 

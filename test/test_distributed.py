@@ -2,7 +2,9 @@
 
 The first part runs in this process (ranks simulated by threads that agree through a
 stand-in for ``all_reduce``); the second launches real jobs with ``torchrun`` (gloo on
-CPU, 2 and 3 ranks) running ``test/_torchrun_worker.py``.
+CPU, 2 and 3 ranks) running ``test/_torchrun_worker.py``, and a chain of elastic jobs on
+2, 3, 2, 4 and 1 ranks, each killed mid-pass and resumed by the next, running
+``test/_torchrun_elastic.py``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from infinibatch_like.distributed import (
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "test" / "_torchrun_worker.py"
+ELASTIC_WORKER = REPO / "test" / "_torchrun_elastic.py"
 LAUNCH_TIMEOUT_S = 120
 
 # -- rank_and_world_size, gather_state and restore_state in one process -----------------
@@ -100,7 +103,10 @@ def test_restore_state_rejects_foreign_and_corrupt_checkpoints(no_rank_env: None
     with pytest.raises(ValueError, match=r"corrupt: .* got world_size=2 and 1 states"):
         restore_state(pipeline, {**gathered, "world_size": 2})
     two_ranks = {**gathered, "world_size": 2, "ranks": gathered["ranks"] * 2}
-    with pytest.raises(ValueError, match="states of 2 ranks, but this job has 1; resuming"):
+    with pytest.raises(
+        ValueError,
+        match="states of 2 ranks, but this job has 1, and NativeCheckpointableIterator cannot",
+    ):
         restore_state(pipeline, two_ranks)
 
 
@@ -294,7 +300,9 @@ def test_equal_length_iterator_rejects_bad_arguments_and_states() -> None:
 # -- real jobs under torchrun ---------------------------------------------------------------
 
 
-def torchrun(ranks: int, mode: str, out: Path) -> subprocess.CompletedProcess[str]:
+def torchrun(
+    ranks: int, mode: str, out: Path, worker: Path = WORKER, extra: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     """Launch `ranks` gloo workers on CPU; kill the whole job if it outlives the timeout."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -306,9 +314,10 @@ def torchrun(ranks: int, mode: str, out: Path) -> subprocess.CompletedProcess[st
         "torch.distributed.run",
         "--standalone",
         f"--nproc_per_node={ranks}",
-        str(WORKER),
+        str(worker),
         mode,
         str(out),
+        *extra,
     ]
     with subprocess.Popen(
         command,
@@ -434,6 +443,74 @@ def test_a_killed_job_resumes_exactly_on_every_rank(jobs: dict[str, Any]) -> Non
 
 
 @pytest.mark.slow
-def test_restoring_on_another_number_of_ranks_fails_clearly(jobs: dict[str, Any]) -> None:
+def test_restoring_a_non_elastic_pipeline_on_another_number_of_ranks_fails_clearly(
+    jobs: dict[str, Any],
+) -> None:
     for rank in jobs["three"]:
-        assert "holds the data states of 2 ranks, but this job has 3" in rank["mismatch"]
+        assert (
+            "holds the data states of 2 ranks, but this job has 3, and FixedBatchIterator "
+            "cannot be elastic (a batch in progress holds this rank's items)"
+        ) in rank["mismatch"]
+
+
+# -- elastic jobs: killed mid-pass, resumed on another number of ranks -----------------------
+
+ELASTIC_CORPUS = [f"c{chunk:02d}-{line}" for chunk in range(30) for line in range(chunk % 7 + 1)]
+ELASTIC_SHARDS = 12
+ELASTIC_CHAIN = [2, 3, 2, 4, 1]
+"""The numbers of ranks of successive jobs: switches 2 -> 3, 3 -> 2, 2 -> 4 and 4 -> 1."""
+
+
+@pytest.fixture(scope="module")
+def elastic_chain(tmp_path_factory: pytest.TempPathFactory) -> list[list[dict[str, Any]]]:
+    """Jobs on ELASTIC_CHAIN's numbers of ranks, each killed after a checkpoint that the
+    next one restores (the last one reads the rest of the pass): each job's rank reports."""
+    out = tmp_path_factory.mktemp("elastic")
+    jobs = []
+    for step, ranks in enumerate(ELASTIC_CHAIN):
+        last = step == len(ELASTIC_CHAIN) - 1
+        proc = torchrun(ranks, str(step), out, ELASTIC_WORKER, ("last",) if last else ())
+        assert (proc.returncode == 0) == last, (
+            f"step {step}, exit {proc.returncode}:\n{proc.stdout}"
+        )
+        jobs.append(results(out, f"step{step}", ranks, proc))
+    return jobs
+
+
+@pytest.mark.slow
+def test_a_pass_resumed_on_other_numbers_of_ranks_delivers_every_item_once(
+    elastic_chain: list[list[dict[str, Any]]],
+) -> None:
+    assert [[rank["world_size"] for rank in job] for job in elastic_chain] == [
+        [ranks] * ranks for ranks in ELASTIC_CHAIN
+    ]
+    delivered = []
+    for job in elastic_chain:
+        batches = [batch for rank in job for batch in rank["finite"]]
+        assert batches, "every job reads part of the pass"
+        delivered += [item for batch in batches for item in batch]
+        # Each shard runs on exactly one rank of each job.
+        owned = sorted(shard for rank in job for shard in rank["shards"])
+        assert owned == list(range(ELASTIC_SHARDS))
+    assert sorted(delivered) == sorted(ELASTIC_CORPUS)
+    assert any(rank["lost"] for job in elastic_chain[:-1] for rank in job)
+
+
+@pytest.mark.slow
+def test_an_endless_stream_continues_the_same_whatever_the_number_of_ranks(
+    elastic_chain: list[list[dict[str, Any]]],
+) -> None:
+    def by_shard(items: list[str]) -> dict[int, list[str]]:
+        shards: dict[int, list[str]] = {shard: [] for shard in range(ELASTIC_SHARDS)}
+        for item in items:
+            shards[int(item[1:3]) % ELASTIC_SHARDS].append(item)
+        return shards
+
+    for job in elastic_chain[1:]:
+        single = by_shard(job[0]["single"])
+        for rank in job:
+            seen = by_shard(rank["endless"])
+            for shard in rank["shards"]:
+                assert seen[shard], shard
+                assert seen[shard] == single[shard][: len(seen[shard])], shard
+            assert not any(seen[shard] for shard in set(seen) - set(rank["shards"]))

@@ -41,6 +41,7 @@ RUNNABLE_PAGES = [
     "howto/parallelism.md",
     "howto/checkpoints.md",
     "howto/long-runs.md",
+    "howto/elastic.md",
     "concepts.md",
     "migrating.md",
     "distributed.md",

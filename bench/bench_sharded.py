@@ -1,0 +1,213 @@
+"""Sharded worker processes against their ceiling: ShardedIterator(workers=2) running the P1
+pipeline, single-process infinibatch 0.1.1, and two fully independent half pipelines.
+
+P1 (from bench_background.py): gzip chunks -> chunked_dataset_iterator (blockwise shuffle
+100,000) -> tokenize -> BucketedReadaheadBatchIterator. Measured side by side, interleaved,
+``--reps`` times each, consuming the same number of lines:
+
+  infinibatch   P1 in one process, infinibatch 0.1.1;
+  sharded       ShardedIterator(factory, num_shards=2, workers=2): each worker process runs
+                P1 over half of the chunks (shard s: chunks[s::2], seeds derived from s);
+                only finished batches cross the process boundary;
+  sharded-8     the same with 8 shards (4 per worker; block and read-ahead / 4 per shard);
+  ceiling       two independent processes started together, each running P1 (this
+                library, one process) over half of the chunks and half of the lines, with
+                nothing exchanged: the best two processes can do on this machine.
+
+Reports wall-clock ratios (medians): ceiling / sharded (target >= 0.9: within 10 % of the
+ceiling) and the speed-up over infinibatch, with the CPU time of every run (consumer and
+worker processes). Also, for docs/howto/elastic.md: the JSON size of a P1 ShardedIterator
+state per shard, and the spread of items per rank, (max - min) / mean, of 64 shards over
+1,000 chunks of 5,000 to 15,000 lines on 2 to 8 ranks. Run
+``python bench/bench_sharded.py [--quick]``; results go to ``bench/results/sharded.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing
+import random
+import sys
+import time
+from typing import Any
+
+import _util
+from _util import median, print_table, verdict
+from bench_background import (
+    BLOCK,
+    READ_AHEAD,
+    batch_size_for,
+    children_cpu,
+    infinibatch_pipeline,
+    measured_run,
+    tokenize,
+)
+from corpus import build_corpus, read_chunk
+
+import infinibatch_like.iterators as ours
+from infinibatch_like.datasets import chunked_dataset_iterator
+from infinibatch_like.sharded import ShardedIterator, owned_shards
+
+WORKERS = 2
+
+
+class P1Shard:
+    """``factory(shard, num_shards)``: P1 over the shard's chunks, its sizes divided among
+    the shards of a worker so that a worker holds as much as one P1."""
+
+    def __init__(self, chunks: list[str]) -> None:
+        self.chunks = chunks
+
+    def __call__(self, shard: int, num_shards: int) -> ours.CheckpointableIterator[Any]:
+        per_worker = max(1, num_shards // WORKERS)
+        samples = chunked_dataset_iterator(
+            self.chunks[shard::num_shards], read_chunk, BLOCK // per_worker, seed=1 + shard
+        )
+        return ours.BucketedReadaheadBatchIterator(
+            ours.MapIterator(samples, tokenize),
+            read_ahead=READ_AHEAD // per_worker,
+            key=len,
+            batch_size=batch_size_for,
+            seed=1000 + shard,
+        )
+
+
+def sharded(chunks: list[str], shards: int) -> ShardedIterator[Any]:
+    return ShardedIterator(P1Shard(chunks), shards, 0, 1, workers=WORKERS, buffer_size=16)
+
+
+def _half(chunks: list[str], half: int, lines: int) -> None:
+    pipeline = P1Shard(chunks)(half, WORKERS)
+    seen = 0
+    for batch in pipeline:
+        seen += len(batch)
+        if seen >= lines:
+            return
+
+
+def ceiling_run(chunks: list[str], lines: int) -> tuple[float, float]:
+    """(wall, CPU) of two independent half pipelines run at the same time."""
+    context = multiprocessing.get_context("fork")
+    children_before = children_cpu()
+    started = time.perf_counter()
+    processes = [
+        context.Process(target=_half, args=(chunks, half, lines // WORKERS))
+        for half in range(WORKERS)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join()
+    wall = time.perf_counter() - started
+    return wall, children_cpu() - children_before
+
+
+def state_bytes_per_shard(chunks: list[str], shards: int) -> float:
+    pipeline = ShardedIterator(P1Shard(chunks), shards, 0, 1)
+    for _ in itertools.islice(pipeline, 100):
+        pass
+    size = len(json.dumps(pipeline.getstate()))
+    pipeline.close()
+    return size / shards
+
+
+def spread_per_rank(shards: int = 64, chunks: int = 1000) -> dict[int, float]:
+    """(max - min) / mean of the lines per rank, for 2 to 8 ranks."""
+    rng = random.Random(0)
+    sizes = [rng.randint(5_000, 15_000) for _ in range(chunks)]
+    per_shard = [sum(sizes[shard::shards]) for shard in range(shards)]
+    spreads = {}
+    for ranks in range(2, 9):
+        lines = [
+            sum(per_shard[shard] for shard in owned_shards(shards, rank, ranks))
+            for rank in range(ranks)
+        ]
+        spreads[ranks] = (max(lines) - min(lines)) / (sum(lines) / ranks)
+    return spreads
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller corpus and counts")
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args(argv)
+    corpus_lines = 300_000 if args.quick else 1_000_000
+    lines = 250_000 if args.quick else 600_000
+    chunks = build_corpus(corpus_lines, 10_000)
+
+    lib, why = _util.load_library("infinibatch")
+    runs: dict[str, Any] = {
+        "sharded": lambda: sharded(chunks, 2),
+        "sharded-8": lambda: sharded(chunks, 8),
+    }
+    if lib is None:
+        print(f"[bench] infinibatch unavailable ({why}); skipped", file=sys.stderr)
+    else:
+        runs = {"infinibatch": lambda: infinibatch_pipeline(chunks), **runs}
+    wall: dict[str, list[float]] = {name: [] for name in (*runs, "ceiling")}
+    cpu: dict[str, list[float]] = {name: [] for name in wall}
+    for _ in range(args.reps):
+        for name, make in runs.items():
+            seconds, cpu_seconds, _first = measured_run(make, lines)
+            wall[name].append(seconds)
+            cpu[name].append(cpu_seconds)
+        seconds, cpu_seconds = ceiling_run(chunks, lines)
+        wall["ceiling"].append(seconds)
+        cpu["ceiling"].append(cpu_seconds)
+
+    ceiling = median(wall["ceiling"])
+    rows = []
+    results: dict[str, Any] = {
+        "quick": args.quick,
+        "reps": args.reps,
+        "lines": lines,
+        "wall_s": wall,
+        "cpu_s": cpu,
+    }
+    for name in ("sharded", "sharded-8"):
+        to_ceiling = ceiling / median(wall[name])
+        results[f"{name}_to_ceiling"] = to_ceiling
+        rows.append(
+            [
+                f"{name} (2 workers): ceiling / sharded",
+                to_ceiling,
+                ">= 0.9",
+                verdict(to_ceiling, 0.9, True),
+            ]
+        )
+        if "infinibatch" in wall:
+            speedup = median(wall["infinibatch"]) / median(wall[name])
+            results[f"{name}_speedup_vs_infinibatch"] = speedup
+            rows.append([f"{name}: speed-up vs infinibatch 0.1.1", speedup, "-", ""])
+    if "infinibatch" in wall:
+        results["ceiling_speedup_vs_infinibatch"] = median(wall["infinibatch"]) / ceiling
+        rows.append(
+            [
+                "ceiling: speed-up vs infinibatch 0.1.1",
+                results["ceiling_speedup_vs_infinibatch"],
+                "-",
+                "",
+            ]
+        )
+    for name in wall:
+        rows.append(
+            [
+                f"{name}: median wall s / CPU s",
+                median(wall[name]),
+                "-",
+                f"CPU {median(cpu[name]):.2f} s",
+            ]
+        )
+    print_table(
+        "Sharded workers vs the ceiling (wall clock, medians)",
+        ["measure", "value", "target", "verdict"],
+        rows,
+    )
+    _util.write_result("sharded", results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
