@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_restore_cost import Counter
 from test_state_machine import build_source, build_stage, recipes
 
 import infinibatch_like.iterators as it
@@ -209,17 +210,6 @@ def test_contract_holds_with_statistics_on(index: int) -> None:
 
 
 # -- counters add up -----------------------------------------------------------------------
-
-
-class Counter:
-    """A transform that counts its calls (the ground truth for items between stages)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def __call__(self, item: Any) -> Any:
-        self.calls += 1
-        return item
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
