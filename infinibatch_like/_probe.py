@@ -7,8 +7,11 @@ probe. The wrapper is C-level (``chain.from_iterable`` over ``islice``/``compres
 stretches): a Python frame runs once per stretch, not per item. It counts every item
 exactly and times one pull per stretch; stretch lengths are drawn at random (mean
 `sample_every`) so that sampling never locks onto a periodic pattern. Slow stages are
-timed item by item: after a pull of at least `EXACT_S`, and while items have come at
-most every `SLOW_ITEM_S` on average since the start, the next pull is timed too.
+timed item by item: after a pull of at least `EXACT_S`, and while the stage's items have
+come `SLOW_ITEM_S` or more apart on average (wall time since its first item), the next
+pull is timed too. Bursty fast stages (a block-wise shuffle whose first item of a block
+reads the whole block) are sampled: a burst is caught, and counted once, with the
+probability of a sample; otherwise its time shows in the upstream stage that did the work.
 
 Probes never touch states: statistics are not part of any checkpoint. Without a probe a
 stage's ``_iterator`` is left exactly as the stage built it.
@@ -28,9 +31,9 @@ from ._base import CheckpointableIterator, Stage
 EXACT_S = 20e-6
 """Pulls at least this long are followed by a timed pull (timing costs < 2 % of them)."""
 
-SLOW_ITEM_S = 50e-6
-"""Where items have come at most this often on average (wall time per item, downstream
-work included), every pull is timed (timing costs < 1 % of it)."""
+SLOW_ITEM_S = 200e-6
+"""Stages whose items come this far apart or more on average have every pull timed (timing
+costs well under 1 % of that time)."""
 
 REPORT_S = 0.25
 """How often a worker process sends its counters to the consumer (with a message)."""
@@ -88,22 +91,24 @@ class StageProbe:
             runner.probe = None
 
     def _stretches(self, pull: Iterator[Any]) -> Iterator[Any]:
-        clock, rng, mean = time.perf_counter, self._rng, self.sample_every
+        clock, draw, span = time.perf_counter, self._rng.random, 2 * self.sample_every - 1
         if self.started is None:
             self.started = clock()
         started = self.started
         while True:
-            self._close_stretch()
+            if self._selectors is not None:  # the stretch before is used up
+                self._done += self._stretch + 1 - length_hint(self._selectors)
+                self._selectors = None
             start = clock()
-            slow = start - started >= SLOW_ITEM_S * self._done  # slow items: time them all
+            slow = start - started >= SLOW_ITEM_S * self._done  # items come slowly
             try:
                 item = next(pull)
             except StopIteration:
                 self.ended_at = clock()
                 return
             took = clock() - start
-            exact = slow or took >= EXACT_S or mean == 1
-            length = 0 if exact else rng.randint(0, 2 * mean - 2)
+            exact = slow or took >= EXACT_S or span == 1
+            length = 0 if exact else int(draw() * span)
             self.timed_pulls += 1
             self.estimated_s += took * (1 + length)
             self._done += 1
@@ -112,11 +117,6 @@ class StageProbe:
                 self._stretch = length
                 self._selectors = selectors = repeat(True, length + 1)
                 yield islice(compress(pull, selectors), length)
-
-    def _close_stretch(self) -> None:
-        if self._selectors is not None:
-            self._done += self._stretch + 1 - length_hint(self._selectors)
-            self._selectors = None
 
     def counters(self) -> tuple[int, int, float, float]:
         """(items out, timed pulls, estimated seconds, worker busy seconds)."""
