@@ -6,12 +6,13 @@ A probe wraps its stage's item iterator (``_iterator``) each time the stage is r
 probe. The wrapper is C-level (``chain.from_iterable`` over ``islice``/``compress``
 stretches): a Python frame runs once per stretch, not per item. It counts every item
 exactly and times one pull per stretch; stretch lengths are drawn at random (mean
-`sample_every`) so that sampling never locks onto a periodic pattern. Slow stages are
-timed item by item: after a pull of at least `EXACT_S`, and while the stage's items have
-come `SLOW_ITEM_S` or more apart on average (wall time since its first item), the next
-pull is timed too. Bursty fast stages (a block-wise shuffle whose first item of a block
-reads the whole block) are sampled: a burst is caught, and counted once, with the
-probability of a sample; otherwise its time shows in the upstream stage that did the work.
+`sample_every`), before the pull they follow, so that sampling never locks onto a periodic
+pattern and a timed pull stands for itself and its stretch (an unbiased estimate). Slow
+stages, whose items have come `SLOW_ITEM_S` or more apart on average (wall time since
+their first item), are timed pull by pull. A fast stage with rare long pulls (a chunk
+read every 10,000 lines) gets an unbiased but noisy estimate of them: `collect` never
+lets a stage's time fall below its sources' (a block-wise shuffle's block read is timed
+through the pulls of its source).
 
 Probes never touch states: statistics are not part of any checkpoint. Without a probe a
 stage's ``_iterator`` is left exactly as the stage built it.
@@ -27,9 +28,6 @@ from operator import length_hint
 from typing import Any
 
 from ._base import CheckpointableIterator, Stage
-
-EXACT_S = 20e-6
-"""Pulls at least this long are followed by a timed pull (timing costs < 2 % of them)."""
 
 SLOW_ITEM_S = 200e-6
 """Stages whose items come this far apart or more on average have every pull timed (timing
@@ -100,15 +98,15 @@ class StageProbe:
                 self._done += self._stretch + 1 - length_hint(self._selectors)
                 self._selectors = None
             start = clock()
-            slow = start - started >= SLOW_ITEM_S * self._done  # items come slowly
+            # Chosen before the pull, so that a sample's weight never depends on its time.
+            exact = span == 1 or start - started >= SLOW_ITEM_S * self._done
+            length = 0 if exact else int(draw() * span)
             try:
                 item = next(pull)
             except StopIteration:
                 self.ended_at = clock()
                 return
             took = clock() - start
-            exact = slow or took >= EXACT_S or span == 1
-            length = 0 if exact else int(draw() * span)
             self.timed_pulls += 1
             self.estimated_s += took * (1 + length)
             self._done += 1

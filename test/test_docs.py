@@ -37,6 +37,7 @@ RUNNABLE_PAGES = [
     "howto/batching.md",
     "howto/parallelism.md",
     "howto/checkpoints.md",
+    "howto/bottleneck.md",
     "concepts.md",
     "migrating.md",
     "distributed.md",
@@ -59,6 +60,7 @@ EXPECTED_PAGES = [
     "api/testing.md",
     "api/distributed.md",
     "api/torch.md",
+    "api/stats.md",
 ]
 
 # API page -> (object, a phrase of its docstring) that the page must show.
@@ -86,6 +88,11 @@ API_CONTENT = {
     ],
     "api/datasets.md": [("chunked_dataset_iterator", "read chunk by chunk"), ("bump_seed", "")],
     "api/testing.md": [("assert_checkpointable", "Check the checkpoint contract")],
+    "api/stats.md": [
+        ("collect", "Every stage's statistics"),
+        ("report", "the stage that limits"),
+        ("headspace", "when the consumer takes no time"),
+    ],
     "api/distributed.md": [
         ("rank_and_world_size", "This process's rank"),
         ("gather_state", "one plain-data dict"),

@@ -31,12 +31,13 @@ class StageStats(TypedDict):
     """`items_out` over the wall time since the outermost stage's first item was asked for."""
     time_s: float | None
     """Time spent pulling this stage's items (its own work plus its upstream's in the same
-    thread; for a background stage, the wait for its workers): estimated from timed pulls."""
+    thread; for a background stage, the wait for its workers): estimated from timed pulls,
+    and at least `upstream_s`."""
     upstream_s: float | None
     """Of `time_s`, the time spent waiting for the sources (pulled in the same thread)."""
     self_s: float | None
-    """``time_s - upstream_s`` (at least 0): the stage's own work, or, for a background
-    stage, the consumer's wait for its workers."""
+    """``time_s - upstream_s``: the stage's own work, or, for a background stage, the
+    consumer's wait for its workers."""
     worker_busy_s: float | None
     """A parallel map's workers' compute time, summed over them."""
     workers: int | None
@@ -103,9 +104,8 @@ def _visit(
     if probe is not None and sources:
         entry["items_in"] = sum(child["items_out"] or 0 for child in children)
         upstream = sum(child["time_s"] or 0.0 for child in children if child["runs_in"] == runs_in)
-        time_s = entry["time_s"] or 0.0
-        entry["upstream_s"] = upstream
-        entry["self_s"] = max(0.0, time_s - upstream)
+        time_s = max(entry["time_s"] or 0.0, upstream)  # it includes its sources' pulls
+        entry["time_s"], entry["upstream_s"], entry["self_s"] = time_s, upstream, time_s - upstream
     entry["work_s"] = _work(stage, entry)
     return entry
 
