@@ -21,13 +21,16 @@ stage's ``_iterator`` is left exactly as the stage built it.
 from __future__ import annotations
 
 import random
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import chain, compress, islice, repeat
 from operator import length_hint
-from typing import Any
+from typing import Any, TypeVar
 
 from ._base import CheckpointableIterator, Stage
+
+T = TypeVar("T")
 
 SLOW_ITEM_S = 200e-6
 """Stages whose items come this far apart or more on average have every pull timed (timing
@@ -40,10 +43,12 @@ REPORT_S = 0.25
 class StageProbe:
     """The counters of one stage: items out (exact), sampled pull times, wall clock.
 
-    `estimated_s` is the time spent pulling this stage's items (its work plus its
-    upstream's, in the thread that pulls them): each timed pull stands for itself and
-    the untimed pulls of the stretch after it. Counters received from a worker process
-    are added to the `remote_*` fields.
+    The time spent pulling this stage's items (its work plus its upstream's, in the thread
+    that pulls them) is `estimated_s` plus the `exact_s` of this stage and of its
+    upstream stages in that thread: steps timed in full (`timed`: a chunk read, a shuffle
+    block) wherever they happen, and the rest of each timed pull, standing for itself and
+    the untimed pulls of the stretch after it, in `estimated_s`. Counters received from a
+    worker process are added in.
     """
 
     def __init__(self, sample_every: int, seed: int = 0) -> None:
@@ -55,6 +60,7 @@ class StageProbe:
         self._stretch = 0
         self.timed_pulls = 0
         self.estimated_s = 0.0
+        self.exact_s = 0.0
         self.started: float | None = None
         """When the first item was asked for (``time.perf_counter``)."""
         self.ended_at: float | None = None
@@ -101,12 +107,14 @@ class StageProbe:
             # Chosen before the pull, so that a sample's weight never depends on its time.
             exact = span == 1 or start - started >= SLOW_ITEM_S * self._done
             length = 0 if exact else int(draw() * span)
+            exact_before = _THREAD.exact_s
             try:
                 item = next(pull)
             except StopIteration:
                 self.ended_at = clock()
                 return
-            took = clock() - start
+            inside = _THREAD.exact_s - exact_before  # steps timed in full, here or upstream
+            took = clock() - start - inside
             self.timed_pulls += 1
             self.estimated_s += took * (1 + length)
             self._done += 1
@@ -116,17 +124,46 @@ class StageProbe:
                 self._selectors = selectors = repeat(True, length + 1)
                 yield islice(compress(pull, selectors), length)
 
-    def counters(self) -> tuple[int, int, float, float]:
-        """(items out, timed pulls, estimated seconds, worker busy seconds)."""
-        return self.items_out, self.timed_pulls, self.estimated_s, self.worker_busy_s
+    def timed(self, work: Callable[[], T]) -> T:
+        """``work()``, its time added to the stage's in full: for a stage's rare long
+        steps (reading a chunk, a shuffle block), which sampling would catch only now
+        and then. Steps nest: the time of those inside it counts for their own stages."""
+        before, start = _THREAD.exact_s, time.perf_counter()
+        try:
+            return work()
+        finally:  # less the steps timed in full inside it (a chunk read in a block read)
+            own = time.perf_counter() - start - (_THREAD.exact_s - before)
+            self.exact_s += own
+            _THREAD.exact_s += own
 
-    def absorb(self, counters: tuple[int, int, float, float]) -> None:
+    def counters(self) -> Counters:
+        """(items out, timed pulls, sampled seconds, exact seconds, worker busy seconds)."""
+        return (
+            self.items_out,
+            self.timed_pulls,
+            self.estimated_s,
+            self.exact_s,
+            self.worker_busy_s,
+        )
+
+    def absorb(self, counters: Counters) -> None:
         """Add counters that a worker process measured for this stage."""
-        items, pulls, seconds, busy = counters
+        items, pulls, sampled, exact, busy = counters
         self.remote_items += items
         self.timed_pulls += pulls
-        self.estimated_s += seconds
+        self.estimated_s += sampled
+        self.exact_s += exact
         self.worker_busy_s += busy
+
+
+class _ThreadTotals(threading.local):
+    exact_s = 0.0
+    """Seconds of steps timed in full (`StageProbe.timed`) in this thread so far."""
+
+
+_THREAD = _ThreadTotals()
+
+Counters = tuple[int, int, float, float, float]
 
 
 def probe_of(stage: object) -> StageProbe | None:
@@ -163,7 +200,7 @@ def probing(source: CheckpointableIterator[Any]) -> int:
     return 0 if probe is None else probe.sample_every
 
 
-Delta = tuple[list[tuple[int, int, float, float]], float | None]
+Delta = tuple[list[Counters], float | None]
 """Counters sent by a worker process: per stage of its source (depth first), and the
 fill of its outbound buffer (0..1)."""
 
@@ -175,7 +212,7 @@ class WorkerStats:
     def __init__(self, source: CheckpointableIterator[Any], sample_every: int) -> None:
         instrument(source, sample_every)  # fresh probes: forked ones hold the parent's counts
         self._probes = [probe_of(stage) for stage in walk(source)]
-        self._sent = [(0, 0, 0.0, 0.0) for _ in self._probes]
+        self._sent: list[Counters] = [(0, 0, 0.0, 0.0, 0.0) for _ in self._probes]
         self._due = 0.0
 
     def due(self) -> bool:
@@ -187,10 +224,16 @@ class WorkerStats:
         self._due = time.monotonic() + REPORT_S
         out = []
         for index, probe in enumerate(self._probes):
-            now = (0, 0, 0.0, 0.0) if probe is None else probe.counters()
+            now = (0, 0, 0.0, 0.0, 0.0) if probe is None else probe.counters()
             before = self._sent[index]
             out.append(
-                (now[0] - before[0], now[1] - before[1], now[2] - before[2], now[3] - before[3])
+                (
+                    now[0] - before[0],
+                    now[1] - before[1],
+                    now[2] - before[2],
+                    now[3] - before[3],
+                    now[4] - before[4],
+                )
             )
             self._sent[index] = now
         return out, queue_fill

@@ -89,10 +89,13 @@ def _visit(
     runs_in: str,
     wall: float,
     entries: list[StageStats],
-) -> StageStats:
+) -> tuple[StageStats, float]:
+    """Append the entries of `stage` and its upstream stages to `entries`; return the
+    stage's entry and the time of the steps timed in full in its pulls."""
     probe = probe_of(stage)
     entry = _entry(stage, probe, path, depth, runs_in, wall)
     entries.append(entry)
+    exact = 0.0 if probe is None else probe.exact_s
     sources = [s for s in getattr(stage, "_sources", ()) if isinstance(s, CheckpointableIterator)]
     inner = runs_in
     if isinstance(stage, BackgroundStage) and probe is not None and stage._runner.probe is probe:
@@ -101,13 +104,19 @@ def _visit(
         _visit(source, _child_path(path, sources, index), depth + 1, inner, wall, entries)
         for index, source in enumerate(sources)
     ]
+    exact += sum(child_exact for child, child_exact in children if child["runs_in"] == runs_in)
+    children_entries = [child for child, _ in children]
+    if probe is not None:  # the sampled rest, plus every step timed in full in its pulls
+        entry["time_s"] = entry["self_s"] = probe.estimated_s + exact
     if probe is not None and sources:
-        entry["items_in"] = sum(child["items_out"] or 0 for child in children)
-        upstream = sum(child["time_s"] or 0.0 for child in children if child["runs_in"] == runs_in)
+        entry["items_in"] = sum(child["items_out"] or 0 for child in children_entries)
+        upstream = sum(
+            child["time_s"] or 0.0 for child in children_entries if child["runs_in"] == runs_in
+        )
         time_s = max(entry["time_s"] or 0.0, upstream)  # it includes its sources' pulls
         entry["time_s"], entry["upstream_s"], entry["self_s"] = time_s, upstream, time_s - upstream
     entry["work_s"] = _work(stage, entry)
-    return entry
+    return entry, exact
 
 
 def _child_path(path: str, sources: list[Any], index: int) -> str:
