@@ -368,3 +368,35 @@ def test_history_shares_and_plot(tmp_path: Path) -> None:
     path = tmp_path / "shares.png"
     history.plot(str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+READ_TIMES: list[float] = []
+
+
+def read_slowly(chunk: int) -> list[int]:
+    start = time.perf_counter()
+    time.sleep(10 * SLOW_S)
+    READ_TIMES.append(time.perf_counter() - start)
+    return list(range(chunk * 1000, chunk * 1000 + 1000))
+
+
+@pytest.mark.parametrize("read_ahead", [0, 2])
+def test_rare_long_steps_are_timed_in_full(read_ahead: int) -> None:
+    """A chunk read every 1,000 fast items: sampling alone would catch few of them."""
+    READ_TIMES.clear()
+    chunks = it.NativeCheckpointableIterator(list(range(12)))
+    lines = it.SelectManyIterator(chunks, read_slowly, read_ahead=read_ahead)
+    pipeline = it.FixedBatchIterator(it.BlockwiseShuffleIterator(lines, 3000, 1), 100)
+    stats.enable(pipeline, sample_every=64)
+    assert sum(len(batch) for batch in pipeline) == 12000
+    entries = stats.collect(pipeline)
+    reading = entries[2]
+    assert reading["stage"] == "SelectManyIterator"
+    if read_ahead == 0:  # the reads happen in this thread: all of their time is counted
+        assert reading["self_s"] == pytest.approx(sum(READ_TIMES), rel=0.2)
+        busiest = stats.limiting(entries)
+        assert busiest is not None
+        assert busiest["stage"] == "SelectManyIterator"
+    else:  # read in threads: what shows is the wait for them, at least for the first one
+        assert reading["self_s"] >= READ_TIMES[0]
+    assert entries[0]["time_s"] >= entries[1]["time_s"] >= reading["time_s"]
