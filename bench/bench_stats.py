@@ -6,13 +6,19 @@ block-wise shuffle (``chunked_dataset_iterator``) -> tokenize (``MapIterator(str
 ``--measure-lines`` lines from each, in an order that rotates between repetitions:
 
 * ``off``: statistics off (the default);
-* ``on``: ``stats.enable(pipeline)`` (the default ``sample_every=32``);
+* ``on``: ``stats.enable(pipeline)`` (the default ``sample_every=128``);
 * ``exact``: ``stats.enable(pipeline, sample_every=1)`` (every pull timed; for reference).
 
 Reported: the median over repetitions of the ratio of each configuration's process CPU time
 to the ``off`` run of the same repetition (the pipeline is single-threaded; CPU time is
 robust on a shared machine), with wall-clock ratios alongside. Target: ``on`` / ``off``
 at most 1.02.
+
+On a busy machine those ratios scatter by several percent. A second, steadier figure
+models the cost: the per-item cost of a probe, measured in a tight loop (a
+``MapIterator`` over a list, with and without statistics, best of many short runs) times
+the item pulls per P1 line that pass a probe (from ``stats.collect``), over the CPU time
+per line of the ``off`` runs.
 
 Usage: ``python bench/bench_stats.py`` (about 2 minutes), ``--quick``, ``--in-memory``
 (chunks pre-read: no gzip in the timings, so the per-item share of statistics is larger).
@@ -56,6 +62,37 @@ def run(library: _util.Library, chunks: list[str], lines: int, config: str) -> t
         assert stats.collect(pipeline)[0]["items_out"] > 0
     pipeline.close()
     return elapsed
+
+
+def probe_cost_ns(items: int = 200_000, reps: int = 15) -> float:
+    """ns per item that statistics add to one stage (a map over a list), best of `reps`."""
+    from infinibatch_like.iterators import MapIterator, NativeCheckpointableIterator
+
+    data = list(range(items))
+    best = {False: float("inf"), True: float("inf")}
+    for _ in range(reps):
+        for on in (False, True):
+            pipeline = MapIterator(NativeCheckpointableIterator(data), abs)
+            if on:
+                stats.enable(pipeline)
+            watch = Stopwatch()
+            for _ in pipeline:
+                pass
+            best[on] = min(best[on], watch.read()[1])
+    # two probes (the source's and the map's) per item when on
+    return (best[True] - best[False]) / items / 2 * 1e9
+
+
+def probed_pulls_per_line(library: _util.Library, chunks: list[str], lines: int) -> float:
+    """Item pulls through a probe per P1 line (every stage's items out, summed)."""
+    pipeline = bench_pipeline.make_pipeline(library, chunks)
+    stats.enable(pipeline)
+    seen = 0
+    while seen < lines:
+        seen += len(next(pipeline))
+    pulls = sum(entry["items_out"] or 0 for entry in stats.collect(pipeline))
+    pipeline.close()
+    return pulls / seen
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,6 +154,15 @@ def main(argv: list[str] | None = None) -> int:
         ["config", "CPU ns/line", "CPU ratio", "wall ratio", f"target <= {TARGET}"],
         rows,
     )
+    per_item = probe_cost_ns()
+    pulls = probed_pulls_per_line(library, chunks, measure)
+    off_ns = median(samples["off"].cpu) * 1e9 / measure
+    modelled = 1 + per_item * pulls / off_ns
+    print_table(
+        "modelled cost (probe ns per item x probed pulls per line / CPU ns per line off)",
+        ["probe ns/item", "probed pulls/line", "CPU ns/line off", "on/off", f"target <= {TARGET}"],
+        [[per_item, pulls, off_ns, modelled, verdict(modelled, TARGET, False)]],
+    )
     suffix = ("-quick" if args.quick else "") + ("-in-memory" if args.in_memory else "")
     _util.write_result(
         f"stats{suffix}",
@@ -129,6 +175,12 @@ def main(argv: list[str] | None = None) -> int:
             },
             "samples": {name: samples[name].summary() for name in names},
             "ratios": ratios,
+            "model": {
+                "probe_ns_per_item": per_item,
+                "probed_pulls_per_line": pulls,
+                "off_cpu_ns_per_line": off_ns,
+                "on_off": modelled,
+            },
             "target": TARGET,
         },
     )
