@@ -165,7 +165,9 @@ def raising_callables(pipeline: object, error: BaseException) -> list[Raiser]:
     innermost = _frame_stage(frames[-1], stage_ids)
     if innermost is None:
         return []
-    options = [entry for stage in _map_chain(innermost) for entry in c_callables.get(id(stage), [])]
+    options = [
+        entry for stage in _map_chain(innermost) for entry in c_callables.get(id(stage), [])
+    ]
     if len({id(function) for _, _, function in options}) != 1:
         return []
     return [Raiser(stage, param, function) for stage, param, function in options]

@@ -113,7 +113,9 @@ def ChunkedSourceIterator(
     Checkpoint:
         That of `NativeCheckpointableIterator`; a restore jumps to the position directly.
     """
-    num_instances, instance_rank = check_rank("ChunkedSourceIterator", num_instances, instance_rank)
+    num_instances, instance_rank = check_rank(
+        "ChunkedSourceIterator", num_instances, instance_rank
+    )
     base, extra = divmod(len(source_items), num_instances)
 
     def start(rank: int) -> int:
