@@ -272,6 +272,7 @@ def test_counters_of_worker_processes_come_back(method: Any) -> None:
         (None, 500),
     ]
     assert all(entry["time_s"] is not None and entry["time_s"] >= 0 for entry in entries)
+    assert entries[0]["worker_busy_s"] == entries[1]["time_s"]
 
 
 # -- multi-source tree, flat dict ----------------------------------------------------------

@@ -39,7 +39,8 @@ class StageStats(TypedDict):
     """``time_s - upstream_s``: the stage's own work, or, for a background stage, the
     consumer's wait for its workers."""
     worker_busy_s: float | None
-    """A parallel map's workers' compute time, summed over them."""
+    """A parallel map's workers' compute time, summed over them; a prefetcher's worker's
+    time pulling its source."""
     workers: int | None
     """A parallel map's worker count."""
     queue_fill: float | None
@@ -115,6 +116,8 @@ def _visit(
         )
         time_s = max(entry["time_s"] or 0.0, upstream)  # it includes its sources' pulls
         entry["time_s"], entry["upstream_s"], entry["self_s"] = time_s, upstream, time_s - upstream
+    if inner != runs_in and children_entries:  # a prefetcher: its worker's time pulling
+        entry["worker_busy_s"] = children_entries[0]["time_s"]
     entry["work_s"] = _work(stage, entry)
     return entry, exact
 
