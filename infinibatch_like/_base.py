@@ -17,9 +17,12 @@ import threading
 import weakref
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, ClassVar, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
 from ._callables import note_error
+
+if TYPE_CHECKING:
+    from ._probe import StageProbe
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -199,6 +202,8 @@ class Stage(CheckpointableIterator[T]):
     _closed_reason: str = ""
     _desync: str | None = None
     _init_args: tuple[tuple[Any, ...], dict[str, Any]]
+    _probe: StageProbe | None = None
+    """Statistics' counters while they are on (`infinibatch_like.stats`), else None."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Stage[T]:
         self = super().__new__(cls)
@@ -285,6 +290,8 @@ class Stage(CheckpointableIterator[T]):
             raise RuntimeError(f"{self._name}.setstate: the iterator is closed")
         self._lost_input = self._desync = None
         self._restore(None if checkpoint is None else self._checked(checkpoint))
+        if self._probe is not None:  # statistics on: count what the new iterator yields
+            self._probe.attach(self)
 
     def _desync_consumers(self) -> None:
         """Mark every stage downstream of this one as no longer matching its source."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import operator
 from abc import abstractmethod
 from collections.abc import Iterator
+from functools import partial
 from typing import Any, ClassVar, TypeVar
 
 from ._base import (
@@ -109,10 +110,13 @@ class ReadAheadStage(Stage[T]):
         self._iterator = self._generate()
 
     def _generate(self) -> Iterator[T]:
-        source, rng = self._source, self._rng
+        source, rng, probe = self._source, self._rng, self._probe
         pull = fast_iterator(source)
         while True:
-            outputs, last = self._next_group(pull, rng)
+            if probe is None:
+                outputs, last = self._next_group(pull, rng)
+            else:  # statistics on: a group's reading and rearranging, timed in full
+                outputs, last = probe.timed(partial(self._next_group, pull, rng))
             if len(outputs) < self._skip:
                 raise self.mismatch(
                     f"the checkpoint skips {self._skip} outputs of a group, "

@@ -267,11 +267,11 @@ class SelectManyIterator(BudgetedStage[Any]):
                 read.wait()
 
     def _generate(self, collections: Collections, skip: int) -> Iterator[Any]:
-        on_empty = self._on_empty
+        on_empty, probe = self._on_empty, self._probe
         for self._anchor, item, collection in collections:
             self._consumed = skip
             try:
-                inner = collection()
+                inner = collection() if probe is None else probe.timed(collection)
                 if skip:
                     skip_items(self, inner, skip, "the current collection")
                 for self._consumed, output in enumerate(inner, skip + 1):

@@ -131,7 +131,7 @@ class _MapRunner(Runner):
                 return
             if self.pool is None:
                 self.pool = self._new_pool()
-            task = Task(self.number, items)
+            task = Task(self.number, items, self.probe is not None)
             self.number += 1
             self.pool.submit(task)
             self.in_flight.append(task)
@@ -165,6 +165,8 @@ class _MapRunner(Runner):
         try:
             while self.in_flight:
                 result = self._result(self.in_flight.popleft().number)
+                if result.busy_s and self.probe is not None:
+                    self.probe.worker_busy_s += result.busy_s
                 if result.failure is None:
                     self.fill()  # keep the workers busy while the consumer takes these
                 yield from cursor.serve(result.outputs)

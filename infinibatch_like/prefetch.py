@@ -16,6 +16,7 @@ from ._background.lifecycle import ProcessesRefused, get_context, warn_thread_fa
 from ._background.messages import End
 from ._background.stage import BackgroundStage, Runner
 from ._base import CheckpointableIterator, require_checkpointable, require_int
+from ._probe import absorb_delta, probing
 
 _MODES = ("process", "thread")
 
@@ -49,6 +50,7 @@ class _PrefetchRunner(Runner):
             self.snapshot_every,
             self.max_batch,
             "PrefetchIterator",
+            probing(self.source) if self.mode == "process" else 0,
         )
         if self.mode == "process":
             try:
@@ -76,6 +78,8 @@ class _PrefetchRunner(Runner):
         try:
             while True:
                 message = channel.receive()
+                if message.stats is not None:  # from a worker process, now and then
+                    absorb_delta(self.source, self.probe, message.stats)
                 if isinstance(message, End):
                     cursor.snapshot(cursor.consumed, message.state)
                     return

@@ -63,7 +63,7 @@ class NativeCheckpointableIterator(Stage[T]):
     def _state(self) -> State:
         if self._indexed:
             iterable: Sequence[Any] = self._iterable  # type: ignore[assignment]
-            return {"consumed": len(iterable) - operator.length_hint(self._iterator)}
+            return {"consumed": len(iterable) - operator.length_hint(self._indexed_iterator)}
         return {"consumed": self._consumed}
 
     def _restore(self, state: State | None) -> None:
@@ -78,7 +78,7 @@ class NativeCheckpointableIterator(Stage[T]):
         iterator = iter(self._iterable)
         if self._indexed:
             iterator.__setstate__(consumed)  # type: ignore[attr-defined]
-            self._iterator = iterator
+            self._iterator = self._indexed_iterator = iterator  # the first may be wrapped
         else:
             skip_items(self, iterator, consumed, "the iterable")
             self._consumed = consumed

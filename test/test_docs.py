@@ -42,6 +42,7 @@ RUNNABLE_PAGES = [
     "howto/checkpoints.md",
     "howto/long-runs.md",
     "howto/elastic.md",
+    "howto/bottleneck.md",
     "concepts.md",
     "migrating.md",
     "distributed.md",
@@ -69,6 +70,7 @@ EXPECTED_PAGES = [
     "api/distributed.md",
     "api/torch.md",
     "api/long-runs.md",
+    "api/stats.md",
 ]
 
 # API page -> (object, a phrase of its docstring) that the page must show.
@@ -116,6 +118,11 @@ API_CONTENT = {
         ("save_checkpoint", "atomically, as JSON"),
         ("load_checkpoint", "Read a state written by"),
         ("CheckpointFileError", ""),
+    ],
+    "api/stats.md": [
+        ("collect", "Every stage's statistics"),
+        ("report", "the stage that limits"),
+        ("headspace", "when the consumer takes no time"),
     ],
     "api/distributed.md": [
         ("rank_and_world_size", "This process's rank"),

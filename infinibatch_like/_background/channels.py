@@ -17,6 +17,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, NamedTuple
 
 from .._base import CheckpointableIterator, fast_iterator, source_state
+from .._probe import WorkerStats
 from . import wire
 from .cursor import replay
 from .errors import WorkerError, as_exception, chain_names, died, local_error, report_error
@@ -44,6 +45,8 @@ class Production(NamedTuple):
     snapshot_every: int
     max_batch: int
     owner: str
+    stats_every: int = 0
+    """In a worker process: statistics' `sample_every` (0: off)."""
 
 
 def produce(production: Production) -> Iterator[Message]:
@@ -55,7 +58,7 @@ def produce(production: Production) -> Iterator[Message]:
     Batches start at one item and double up to `max_batch` (<= `snapshot_every`: a fast
     first item, then few messages); every `snapshot_every` items a batch carries a `Mark`.
     """
-    source, skip, every, max_batch, owner = production
+    source, skip, every, max_batch, owner, _ = production
     pull = fast_iterator(source)
     replay(pull, skip, owner)
     getstate: Callable[[], Any] = partial(source_state, source)
@@ -232,6 +235,10 @@ class _Outbox:
     def put(self, message: Message) -> None:
         self._queue.put(pickle.dumps(message, wire.PROTOCOL))
 
+    def fill(self, slots: int) -> float:
+        """How full the buffer is (0..1)."""
+        return self._queue.qsize() / slots
+
     def close(self) -> None:
         """Wait until everything put was written."""
         self._queue.put(None)
@@ -258,7 +265,12 @@ def _producer_main(
     try:
         if payload is not None:
             holder[0] = pickle.loads(payload)
+        stats = WorkerStats(holder[0], production.stats_every) if production.stats_every else None
         for message in produce(production._replace(source=holder[0])):
+            if stats is not None and (
+                isinstance(message, End) or (isinstance(message, Batch) and stats.due())
+            ):
+                message = message._replace(stats=stats.delta(outbox.fill(slots)))
             outbox.put(message)
     except BaseException as error:
         outbox.put(Failure(report_error(error, where, holder[0])))

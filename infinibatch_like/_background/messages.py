@@ -20,12 +20,16 @@ class Batch(NamedTuple):
 
     items: list[Any]
     mark: Mark | None
+    stats: Any = None
+    """A worker process's statistics counters (`infinibatch_like._probe.Delta`), now and then."""
 
 
 class End(NamedTuple):
     """The source ended; its final state."""
 
     state: State
+    stats: Any = None
+    """The worker process's last statistics counters, if statistics are on."""
 
 
 class Failure(NamedTuple):
@@ -42,6 +46,8 @@ class Task(NamedTuple):
 
     number: int
     items: list[Any]
+    timed: bool = False
+    """Whether the worker measures its compute time (statistics are on)."""
 
 
 class Result(NamedTuple):
@@ -50,3 +56,5 @@ class Result(NamedTuple):
     number: int
     outputs: list[Any]
     failure: BaseException | ErrorReport | None
+    busy_s: float = 0.0
+    """The worker's compute time for the task, if the task was `timed`."""

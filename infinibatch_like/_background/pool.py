@@ -8,6 +8,7 @@ import pickle
 import queue
 import select
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -32,16 +33,22 @@ from .messages import Result, Task
 
 def _apply(
     transform: Callable[[Any], Any], task: Task, owner: str
-) -> tuple[list[Any], BaseException | None, str]:
+) -> tuple[list[Any], BaseException | None, str, float]:
     """The outputs of `transform` over the task's items, up to an error if one is raised;
-    the error, and which call raised it (e.g. ``by ParallelMapIterator's transform f on
-    item 7``)."""
+    the error, which call raised it (e.g. ``by ParallelMapIterator's transform f on
+    item 7``), and the seconds it took if the task is `timed` (else 0)."""
     outputs: list[Any] = []
+    start = time.perf_counter() if task.timed else 0.0
     try:
         outputs.extend(map(transform, task.items))  # keeps the outputs before a failure
     except Exception as error:
-        return outputs, error, call_origin(owner, "transform", transform, task.items[len(outputs)])
-    return outputs, None, ""
+        origin = call_origin(owner, "transform", transform, task.items[len(outputs)])
+        return outputs, error, origin, _since(start)
+    return outputs, None, "", _since(start)
+
+
+def _since(start: float) -> float:
+    return time.perf_counter() - start if start else 0.0
 
 
 class Pool(Resource):
@@ -79,12 +86,12 @@ def _map_main(
         task: Task | None = pickle.loads(frame)
         if task is None:
             return
-        outputs, error, origin = _apply(transform, task, owner)
+        outputs, error, origin, busy = _apply(transform, task, owner)
         failure: ErrorReport | None = None
         if error is not None:
             failure = report_error(error, f"{origin}, {where}")
         try:
-            data = pickle.dumps(Result(task.number, outputs, failure), wire.PROTOCOL)
+            data = pickle.dumps(Result(task.number, outputs, failure, busy), wire.PROTOCOL)
         except Exception as error:
             failure = report_error(error, f"{where}, pickling the transform's outputs")
             data = pickle.dumps(Result(task.number, [], failure), wire.PROTOCOL)
@@ -244,9 +251,9 @@ class ThreadPool(Pool):
     def _run(self, transform: Callable[[Any], Any]) -> None:
         where = f"in a worker thread of {self._name}"
         while (task := self._tasks.get()) is not None:
-            outputs, error, origin = _apply(transform, task, self._name)
+            outputs, error, origin, busy = _apply(transform, task, self._name)
             failure = None if error is None else local_error(error, f"{origin}, {where}")
-            self._results.put(Result(task.number, outputs, failure))
+            self._results.put(Result(task.number, outputs, failure, busy))
 
     def submit(self, task: Task) -> None:
         self._tasks.put(task)

@@ -23,6 +23,9 @@ class Runner(ABC):
         self.cursor = ReplayCursor({}, 0)
         self._startable = False
 
+    probe: Any = None
+    """The stage's statistics probe (`infinibatch_like._probe.StageProbe`) while they are on."""
+
     sources_in_worker_process = False
     """Whether the source is read in a worker process (with its own copy of the source)."""
 

@@ -1,0 +1,253 @@
+"""Per-stage counters for `infinibatch_like.stats`: the probe a stage carries while
+statistics are on, and the transport of worker processes' counters to the consumer.
+
+A probe wraps its stage's item iterator (``_iterator``) each time the stage is restored
+(`Stage._set`), so that downstream stages, which pull from it directly, pull through the
+probe. The wrapper is C-level (``chain.from_iterable`` over ``islice``/``compress``
+stretches): a Python frame runs once per stretch, not per item. It counts every item
+exactly and times one pull per stretch; stretch lengths are drawn at random (mean
+`sample_every`), before the pull they follow, so that sampling never locks onto a periodic
+pattern and a timed pull stands for itself and its stretch (an unbiased estimate). Slow
+stages, whose items have come `SLOW_ITEM_S` or more apart on average (wall time since
+their first item), are timed pull by pull. A fast stage with rare long pulls (a chunk
+read every 10,000 lines) gets an unbiased but noisy estimate of them: `collect` never
+lets a stage's time fall below its sources' (a block-wise shuffle's block read is timed
+through the pulls of its source).
+
+Probes never touch states: statistics are not part of any checkpoint. Without a probe a
+stage's ``_iterator`` is left exactly as the stage built it.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from itertools import chain, compress, islice, repeat
+from operator import length_hint
+from typing import Any, TypeVar
+
+from ._base import CheckpointableIterator, Stage
+
+T = TypeVar("T")
+
+SLOW_ITEM_S = 200e-6
+"""Stages whose items come this far apart or more on average have every pull timed (timing
+costs well under 1 % of that time)."""
+
+REPORT_S = 0.25
+"""How often a worker process sends its counters to the consumer (with a message)."""
+
+
+class StageProbe:
+    """The counters of one stage: items out (exact), sampled pull times, wall clock.
+
+    The time spent pulling this stage's items (its work plus its upstream's, in the thread
+    that pulls them) is `estimated_s` plus the `exact_s` of this stage and of its
+    upstream stages in that thread: steps timed in full (`timed`: a chunk read, a shuffle
+    block) wherever they happen, and the rest of each timed pull, standing for itself and
+    the untimed pulls of the stretch after it, in `estimated_s`. Counters received from a
+    worker process are added in.
+    """
+
+    def __init__(self, sample_every: int, seed: int = 0) -> None:
+        self.sample_every = sample_every
+        self._rng = random.Random(seed)
+        self.wrapped: Iterator[Any] | None = None
+        self._done = 0
+        self._selectors: Iterator[bool] | None = None
+        self._stretch = 0
+        self.timed_pulls = 0
+        self.estimated_s = 0.0
+        self.exact_s = 0.0
+        self.started: float | None = None
+        """When the first item was asked for (``time.perf_counter``)."""
+        self.ended_at: float | None = None
+        self.remote_items = 0
+        self.worker_busy_s = 0.0
+        """Summed compute time of the stage's own workers (a parallel map's transform)."""
+        self.remote_queue_fill: float | None = None
+        self.runner: Any = None
+        """A background stage's runner, read for its gauges."""
+
+    @property
+    def items_out(self) -> int:
+        """Items this stage yielded (counted here or in a worker process)."""
+        done = self._done
+        if self._selectors is not None:
+            done += self._stretch + 1 - length_hint(self._selectors)
+        return done + self.remote_items
+
+    def attach(self, stage: Stage[Any]) -> None:
+        """Wrap `stage`'s item iterator (after each restore); idempotent."""
+        runner = getattr(stage, "_runner", None)
+        if runner is not None:
+            self.runner = runner
+            runner.probe = self
+        if stage._iterator is not self.wrapped:
+            self.wrapped = stage._iterator = chain.from_iterable(self._stretches(stage._iterator))
+
+    def detach(self, stage: Stage[Any]) -> None:
+        """Forget `stage`'s runner (the stage's next restore builds an unwrapped iterator)."""
+        runner = getattr(stage, "_runner", None)
+        if runner is not None and getattr(runner, "probe", None) is self:
+            runner.probe = None
+
+    def _stretches(self, pull: Iterator[Any]) -> Iterator[Any]:
+        clock, draw, span = time.perf_counter, self._rng.random, 2 * self.sample_every - 1
+        if self.started is None:
+            self.started = clock()
+        started = self.started
+        while True:
+            if self._selectors is not None:  # the stretch before is used up
+                self._done += self._stretch + 1 - length_hint(self._selectors)
+                self._selectors = None
+            start = clock()
+            # Chosen before the pull, so that a sample's weight never depends on its time.
+            exact = span == 1 or start - started >= SLOW_ITEM_S * self._done
+            length = 0 if exact else int(draw() * span)
+            exact_before = _THREAD.exact_s
+            try:
+                item = next(pull)
+            except StopIteration:
+                self.ended_at = clock()
+                return
+            inside = _THREAD.exact_s - exact_before  # steps timed in full, here or upstream
+            took = clock() - start - inside
+            self.timed_pulls += 1
+            self.estimated_s += took * (1 + length)
+            self._done += 1
+            yield (item,)
+            if length:
+                self._stretch = length
+                self._selectors = selectors = repeat(True, length + 1)
+                yield islice(compress(pull, selectors), length)
+
+    def timed(self, work: Callable[[], T]) -> T:
+        """``work()``, its time added to the stage's in full: for a stage's rare long
+        steps (reading a chunk, a shuffle block), which sampling would catch only now
+        and then. Steps nest: the time of those inside it counts for their own stages."""
+        before, start = _THREAD.exact_s, time.perf_counter()
+        try:
+            return work()
+        finally:  # less the steps timed in full inside it (a chunk read in a block read)
+            own = time.perf_counter() - start - (_THREAD.exact_s - before)
+            self.exact_s += own
+            _THREAD.exact_s += own
+
+    def counters(self) -> Counters:
+        """(items out, timed pulls, sampled seconds, exact seconds, worker busy seconds)."""
+        return (
+            self.items_out,
+            self.timed_pulls,
+            self.estimated_s,
+            self.exact_s,
+            self.worker_busy_s,
+        )
+
+    def absorb(self, counters: Counters) -> None:
+        """Add counters that a worker process measured for this stage."""
+        items, pulls, sampled, exact, busy = counters
+        self.remote_items += items
+        self.timed_pulls += pulls
+        self.estimated_s += sampled
+        self.exact_s += exact
+        self.worker_busy_s += busy
+
+
+class _ThreadTotals(threading.local):
+    exact_s = 0.0
+    """Seconds of steps timed in full (`StageProbe.timed`) in this thread so far."""
+
+
+_THREAD = _ThreadTotals()
+
+Counters = tuple[int, int, float, float, float]
+
+
+def probe_of(stage: object) -> StageProbe | None:
+    """`stage`'s probe, if statistics are on for it."""
+    return getattr(stage, "_probe", None) if isinstance(stage, Stage) else None
+
+
+def walk(pipeline: CheckpointableIterator[Any]) -> Iterator[CheckpointableIterator[Any]]:
+    """`pipeline` and its upstream stages, depth first, sources in order."""
+    yield pipeline
+    if isinstance(pipeline, Stage):
+        for source in pipeline._sources:
+            if isinstance(source, CheckpointableIterator):
+                yield from walk(source)
+
+
+def instrument(pipeline: CheckpointableIterator[Any], sample_every: int | None) -> None:
+    """Give every stage of `pipeline` a fresh probe (None: remove them), then restore the
+    pipeline in place from its own state, which rebuilds every item iterator (wrapped or
+    not). The stream continues exactly where it was (checkpoint contract C2)."""
+    state = pipeline.getstate()
+    for index, stage in enumerate(walk(pipeline)):
+        if isinstance(stage, Stage):
+            old = stage._probe
+            if old is not None:
+                old.detach(stage)
+            stage._probe = None if sample_every is None else StageProbe(sample_every, index)
+    pipeline.setstate(state)
+
+
+def probing(source: CheckpointableIterator[Any]) -> int:
+    """The `sample_every` of `source`'s probe, or 0 if statistics are off for it."""
+    probe = probe_of(source)
+    return 0 if probe is None else probe.sample_every
+
+
+Delta = tuple[list[Counters], float | None]
+"""Counters sent by a worker process: per stage of its source (depth first), and the
+fill of its outbound buffer (0..1)."""
+
+
+class WorkerStats:
+    """In a worker process: the counters of its copy of the source, as deltas at most
+    every `REPORT_S` seconds (attached to outgoing messages)."""
+
+    def __init__(self, source: CheckpointableIterator[Any], sample_every: int) -> None:
+        instrument(source, sample_every)  # fresh probes: forked ones hold the parent's counts
+        self._probes = [probe_of(stage) for stage in walk(source)]
+        self._sent: list[Counters] = [(0, 0, 0.0, 0.0, 0.0) for _ in self._probes]
+        self._due = 0.0
+
+    def due(self) -> bool:
+        """Whether a delta should go out with the next message."""
+        return time.monotonic() >= self._due
+
+    def delta(self, queue_fill: float | None) -> Delta:
+        """The counters since the previous delta."""
+        self._due = time.monotonic() + REPORT_S
+        out = []
+        for index, probe in enumerate(self._probes):
+            now = (0, 0, 0.0, 0.0, 0.0) if probe is None else probe.counters()
+            before = self._sent[index]
+            out.append(
+                (
+                    now[0] - before[0],
+                    now[1] - before[1],
+                    now[2] - before[2],
+                    now[3] - before[3],
+                    now[4] - before[4],
+                )
+            )
+            self._sent[index] = now
+        return out, queue_fill
+
+
+def absorb_delta(
+    source: CheckpointableIterator[Any], owner: StageProbe | None, delta: Delta
+) -> None:
+    """Add a worker's `delta` to the probes of the consumer's copy of `source`, and the
+    worker's buffer fill to `owner` (the background stage's probe)."""
+    counters, queue_fill = delta
+    for stage, values in zip(walk(source), counters, strict=False):
+        probe = probe_of(stage)
+        if probe is not None:
+            probe.absorb(values)
+    if owner is not None:
+        owner.remote_queue_fill = queue_fill

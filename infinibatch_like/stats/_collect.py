@@ -1,0 +1,251 @@
+"""`collect`: the counters of every stage as plain data; `flat`: as one flat dict."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, TypedDict
+
+from .._background.stage import BackgroundStage
+from .._base import CheckpointableIterator
+from .._probe import StageProbe, probe_of
+
+
+class StageStats(TypedDict):
+    """One stage's statistics (see `collect`). Times are seconds since statistics were
+    switched on; None where a counter does not apply or the stage has no probe."""
+
+    path: str
+    """The stage's place in the chain, as error messages name it (``A.source > B``)."""
+    stage: str
+    """The class name."""
+    depth: int
+    """0 for the outermost stage, 1 for its sources, ..."""
+    runs_in: str
+    """``"consumer"``, or the worker thread or process of a background stage that pulls
+    this stage's items (e.g. ``"worker process of PrefetchIterator"``)."""
+    items_in: int | None
+    """Items taken from the sources (the sum of their `items_out`)."""
+    items_out: int | None
+    """Items yielded (exact)."""
+    items_per_s: float | None
+    """`items_out` over the wall time since the outermost stage's first item was asked for."""
+    time_s: float | None
+    """Time spent pulling this stage's items (its own work plus its upstream's in the same
+    thread; for a background stage, the wait for its workers): estimated from timed pulls,
+    and at least `upstream_s`."""
+    upstream_s: float | None
+    """Of `time_s`, the time spent waiting for the sources (pulled in the same thread)."""
+    self_s: float | None
+    """``time_s - upstream_s``: the stage's own work, or, for a background stage, the
+    consumer's wait for its workers."""
+    worker_busy_s: float | None
+    """A parallel map's workers' compute time, summed over them; a prefetcher's worker's
+    time pulling its source."""
+    workers: int | None
+    """A parallel map's worker count."""
+    queue_fill: float | None
+    """A background stage's buffer fill (0..1) at the time of the call."""
+    in_flight: int | None
+    """Items a background stage has taken and not yet yielded (where it can tell)."""
+    work_s: float
+    """The stage's own work, as counted for the time shares: `self_s`, or for a parallel
+    map its workers' busy time divided by their number (for a prefetcher, 0: its time is
+    waiting, and the work is its source's)."""
+    share: float
+    """`work_s` over the sum of every stage's `work_s` (0..1)."""
+    wall_s: float
+    """Wall time since the outermost stage's first item was asked for."""
+
+
+def collect(pipeline: CheckpointableIterator[Any]) -> list[StageStats]:
+    """Every stage's statistics, in chain order (outermost first, sources depth first).
+
+    Statistics must be on (`enable`); stages without a probe (user-defined iterators)
+    appear with None counters. Counters of stages that run in a worker process arrive
+    with the worker's messages, at most every quarter second (and at the source's end).
+
+    Raises:
+        ValueError: if statistics are off for `pipeline`.
+    """
+    root = probe_of(pipeline)
+    if root is None:
+        raise ValueError(
+            f"stats.collect: statistics are off for this {type(pipeline).__name__}; switch "
+            "them on with infinibatch_like.stats.enable(pipeline)"
+        )
+    now = time.perf_counter()
+    wall = 0.0 if root.started is None else (root.ended_at or now) - root.started
+    entries: list[StageStats] = []
+    _visit(pipeline, type(pipeline).__name__, 0, "consumer", wall, entries)
+    total = sum(entry["work_s"] for entry in entries)
+    for entry in entries:
+        entry["share"] = entry["work_s"] / total if total > 0 else 0.0
+    return entries
+
+
+def _visit(
+    stage: CheckpointableIterator[Any],
+    path: str,
+    depth: int,
+    runs_in: str,
+    wall: float,
+    entries: list[StageStats],
+) -> tuple[StageStats, float]:
+    """Append the entries of `stage` and its upstream stages to `entries`; return the
+    stage's entry and the time of the steps timed in full in its pulls."""
+    probe = probe_of(stage)
+    entry = _entry(stage, probe, path, depth, runs_in, wall)
+    entries.append(entry)
+    exact = 0.0 if probe is None else probe.exact_s
+    sources = [s for s in getattr(stage, "_sources", ()) if isinstance(s, CheckpointableIterator)]
+    inner = runs_in
+    if isinstance(stage, BackgroundStage) and probe is not None and stage._runner.probe is probe:
+        inner = _sources_run_in(stage, path, runs_in)
+    children = [
+        _visit(source, _child_path(path, sources, index), depth + 1, inner, wall, entries)
+        for index, source in enumerate(sources)
+    ]
+    exact += sum(child_exact for child, child_exact in children if child["runs_in"] == runs_in)
+    children_entries = [child for child, _ in children]
+    if probe is not None:  # the sampled rest, plus every step timed in full in its pulls
+        entry["time_s"] = entry["self_s"] = probe.estimated_s + exact
+    if probe is not None and sources:
+        entry["items_in"] = sum(child["items_out"] or 0 for child in children_entries)
+        upstream = sum(
+            child["time_s"] or 0.0 for child in children_entries if child["runs_in"] == runs_in
+        )
+        time_s = max(entry["time_s"] or 0.0, upstream)  # it includes its sources' pulls
+        entry["time_s"], entry["upstream_s"], entry["self_s"] = time_s, upstream, time_s - upstream
+    if inner != runs_in and children_entries:  # a prefetcher: its worker's time pulling
+        entry["worker_busy_s"] = children_entries[0]["time_s"]
+    entry["work_s"] = _work(stage, entry)
+    return entry, exact
+
+
+def _child_path(path: str, sources: list[Any], index: int) -> str:
+    where = "source" if len(sources) == 1 else f"sources[{index}]"
+    return f"{path}.{where} > {type(sources[index]).__name__}"
+
+
+def _sources_run_in(stage: BackgroundStage[Any], path: str, runs_in: str) -> str:
+    runner = stage._runner
+    mode = getattr(runner, "mode", "thread")
+    if type(stage).__name__ == "ParallelMapIterator":
+        return runs_in  # the consumer dispatches the source's items itself
+    kind = "process" if mode == "process" else "thread"
+    return f"worker {kind} of {path}"
+
+
+def _entry(
+    stage: CheckpointableIterator[Any],
+    probe: StageProbe | None,
+    path: str,
+    depth: int,
+    runs_in: str,
+    wall: float,
+) -> StageStats:
+    items = None if probe is None else probe.items_out
+    time_s = None if probe is None else probe.estimated_s
+    entry: StageStats = {
+        "path": path,
+        "stage": type(stage).__name__,
+        "depth": depth,
+        "runs_in": runs_in,
+        "items_in": None,
+        "items_out": items,
+        "items_per_s": None if items is None or wall <= 0 else items / wall,
+        "time_s": time_s,
+        "upstream_s": None if probe is None else 0.0,
+        "self_s": time_s,
+        "worker_busy_s": None,
+        "workers": None,
+        "queue_fill": None,
+        "in_flight": None,
+        "work_s": 0.0,
+        "share": 0.0,
+        "wall_s": wall,
+    }
+    if probe is not None and isinstance(stage, BackgroundStage):
+        entry.update(_gauges(stage._runner, probe))  # type: ignore[typeddict-item]
+    return entry
+
+
+def _gauges(runner: Any, probe: StageProbe) -> dict[str, Any]:
+    """A background stage's gauges, read from its runner now."""
+    if hasattr(runner, "in_flight"):  # a parallel map
+        tasks = list(runner.in_flight)
+        return {
+            "worker_busy_s": probe.worker_busy_s,
+            "workers": runner.num_workers,
+            "queue_fill": len(tasks) / runner.tasks_in_flight,
+            "in_flight": sum(len(task.items) for task in tasks),
+        }
+    queue = getattr(runner.channel, "_queue", None)
+    if queue is None:  # a worker process without a buffer here: it says how full its is
+        return {"queue_fill": probe.remote_queue_fill}
+    waiting = list(queue.queue)
+    return {
+        "queue_fill": len(waiting) / queue.maxsize,
+        "in_flight": sum(len(getattr(message, "items", ())) for message in waiting),
+    }
+
+
+def _work(stage: object, entry: StageStats) -> float:
+    if not isinstance(stage, BackgroundStage):
+        return entry["self_s"] or 0.0
+    if entry["workers"]:
+        return (entry["worker_busy_s"] or 0.0) / entry["workers"]
+    return 0.0
+
+
+def limiting(entries: list[StageStats]) -> StageStats | None:
+    """The stage that does the most work (largest `work_s`), or None if none did any."""
+    busiest = max(entries, key=lambda entry: entry["work_s"], default=None)
+    return busiest if busiest is not None and busiest["work_s"] > 0 else None
+
+
+_COUNTERS = (
+    "items_in",
+    "items_out",
+    "items_per_s",
+    "time_s",
+    "upstream_s",
+    "self_s",
+    "worker_busy_s",
+    "queue_fill",
+    "in_flight",
+    "share",
+)
+
+
+def flat(pipeline: CheckpointableIterator[Any], prefix: str = "data/") -> dict[str, float]:
+    """The counters of `collect` as one flat dict for TensorBoard or Weights & Biases:
+    ``{prefix + stage path + "/" + counter: number}``, the path written with ``/``
+    (``data/BucketedReadaheadBatchIterator/MapIterator/items_out``; a source of a
+    multi-source stage as ``WeightedMultiplexIterator[1]/...``; counters that do not
+    apply left out), plus ``prefix + "consumer_wait_share"``
+    (the share of the wall time the consumer spent waiting for data).
+
+    E.g. ``for key, value in stats.flat(it).items(): writer.add_scalar(key, value, step)``
+    or ``wandb.log(stats.flat(it), step=step)``.
+    """
+    entries = collect(pipeline)
+    out: dict[str, float] = {}
+    for entry in entries:
+        key = prefix + _key(entry["path"])
+        for name in _COUNTERS:
+            value = entry[name]  # type: ignore[literal-required]
+            if value is not None:
+                out[f"{key}/{name}"] = float(value)
+    out[prefix + "consumer_wait_share"] = consumer_wait_share(entries)
+    return out
+
+
+def _key(path: str) -> str:
+    return path.replace(".source > ", "/").replace(".sources[", "[").replace("] > ", "]/")
+
+
+def consumer_wait_share(entries: list[StageStats]) -> float:
+    """The share of the wall time that the consumer spent waiting in ``next()``."""
+    root = entries[0]
+    return min(1.0, (root["time_s"] or 0.0) / root["wall_s"]) if root["wall_s"] > 0 else 0.0

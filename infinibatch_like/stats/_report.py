@@ -1,0 +1,63 @@
+"""`report`: the chain as a readable tree, with the limiting stage and the consumer's wait."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._base import CheckpointableIterator
+from ._collect import StageStats, collect, consumer_wait_share, limiting
+
+STARVED = 0.05
+"""A consumer that waits for data longer than this share of the time is data-bound."""
+
+
+def report(pipeline: CheckpointableIterator[Any]) -> str:
+    """A readable tree of `pipeline`'s stages (outermost first) with items/s, each stage's
+    share of the pipeline's work and its own time, the stage that limits throughput, and
+    how long the consumer (the training loop) waited for data.
+
+    Statistics must be on (`enable`). Raises ValueError if they are off.
+    """
+    return render(collect(pipeline))
+
+
+def render(entries: list[StageStats]) -> str:
+    """The text of `report` for `entries` (a `collect` result)."""
+    lines = [
+        f"pipeline statistics over {entries[0]['wall_s']:.2f} s "
+        f"(items/s, share of the pipeline's work, own time)"
+    ]
+    for entry in entries:
+        lines.append(_line(entry))
+    lines.append(_verdict(entries))
+    return "\n".join(lines)
+
+
+def _line(entry: StageStats) -> str:
+    indent = "   " * entry["depth"] + ("└─ " if entry["depth"] else "")
+    name = f"{indent}{entry['stage']}"
+    if entry["items_out"] is None:
+        return f"{name:<52} (no statistics: not a stage of this library)"
+    rate = entry["items_per_s"]
+    text = f"{name:<52} {0 if rate is None else rate:>12,.0f}/s {100 * entry['share']:5.1f} %"
+    text += f"  own {entry['self_s'] or 0.0:7.3f} s"
+    if entry["workers"]:
+        text += f"  workers busy {entry['worker_busy_s'] or 0.0:.3f} s over {entry['workers']}"
+    if entry["queue_fill"] is not None:
+        text += f"  buffer {100 * entry['queue_fill']:.0f} % full"
+    if entry["runs_in"] != "consumer":
+        text += f"  [{entry['runs_in']}]"
+    return text
+
+
+def _verdict(entries: list[StageStats]) -> str:
+    wait = consumer_wait_share(entries)
+    root = entries[0]
+    waited = f"the consumer waited {root['time_s'] or 0.0:.2f} s for data ({100 * wait:.1f} %)"
+    busiest = limiting(entries)
+    if busiest is None:
+        return f"{waited}; no stage did measurable work yet"
+    name = f"{busiest['path']} ({100 * busiest['share']:.0f} % of the pipeline's work)"
+    if wait < STARVED:
+        return f"{waited}: the training loop is the limit, not the data; busiest stage: {name}"
+    return f"{waited}: data-bound; limiting stage: {name}"

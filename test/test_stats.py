@@ -1,0 +1,403 @@
+"""Per-stage statistics (`infinibatch_like.stats`): counters, reports, headspace, plots."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_restore_cost import Counter
+from test_state_machine import build_source, build_stage, recipes
+
+import infinibatch_like.iterators as it
+from infinibatch_like import stats
+from infinibatch_like._base import Stage
+from infinibatch_like._probe import walk
+from infinibatch_like.testing import assert_checkpointable
+
+SLOW_S = 0.002
+
+
+def add_one(x: int) -> int:
+    return x + 1
+
+
+def slow(x: int) -> int:
+    time.sleep(SLOW_S)
+    return x
+
+
+def double(x: int) -> int:
+    return 2 * x
+
+
+def chain_with_slow_middle(
+    items: int, background: str | None, method: tuple[str, str | None]
+) -> tuple[it.CheckpointableIterator[Any], str]:
+    """source > cheap map > slow map (2 ms) > [background stage] > cheap map > batches;
+    returns the pipeline and the slow stage's path."""
+    mode, start_method = method
+    source = it.NativeCheckpointableIterator(list(range(items)))
+    slow_stage: it.CheckpointableIterator[int] = it.MapIterator(
+        it.MapIterator(source, add_one), slow
+    )
+    if background == "prefetch":
+        middle: it.CheckpointableIterator[int] = it.PrefetchIterator(
+            slow_stage, 16, mode=mode, start_method=start_method
+        )
+        path = (
+            "FixedBatchIterator.source > MapIterator.source > PrefetchIterator.source > MapIterator"
+        )
+    elif background == "parallel":
+        middle = it.ParallelMapIterator(
+            slow_stage, double, 2, 4, mode=mode, start_method=start_method
+        )
+        path = (
+            "FixedBatchIterator.source > MapIterator.source > ParallelMapIterator.source > "
+            "MapIterator"
+        )
+    else:
+        middle = slow_stage
+        path = "FixedBatchIterator.source > MapIterator.source > MapIterator"
+    return it.FixedBatchIterator(it.MapIterator(middle, double), 8), path
+
+
+BACKGROUNDS = [
+    (None, ("thread", None)),
+    ("prefetch", ("thread", None)),
+    ("prefetch", ("process", "fork")),
+    ("prefetch", ("process", "spawn")),
+    ("parallel", ("thread", None)),
+    ("parallel", ("process", "fork")),
+    ("parallel", ("process", "spawn")),
+]
+
+
+@pytest.mark.parametrize(("background", "method"), BACKGROUNDS)
+def test_report_names_the_slow_stage(background: str | None, method: Any) -> None:
+    pipeline, slow_path = chain_with_slow_middle(120, background, method)
+    with pipeline:
+        stats.enable(pipeline)
+        batches = list(pipeline)
+        entries = stats.collect(pipeline)
+        text = stats.report(pipeline)
+    assert sum(len(batch) for batch in batches) == 120
+    busiest = stats.limiting(entries)
+    assert busiest is not None
+    assert busiest["path"] == slow_path, text
+    assert busiest["share"] > 0.8, text
+    assert 0.9 * 120 * SLOW_S <= busiest["self_s"] <= busiest["wall_s"]  # slept, timed exactly
+    assert f"data-bound; limiting stage: {slow_path}" in text
+    # every item was counted, also those counted in a worker process and sent back
+    stages = 5 if background is None else 6
+    assert [entry["items_out"] for entry in entries] == [15] + [120] * (stages - 1)
+    if background == "prefetch" and method[0] == "process":
+        assert entries[3]["runs_in"] == (
+            "worker process of FixedBatchIterator.source > MapIterator.source > PrefetchIterator"
+        )
+
+
+def test_parallel_map_workers_busy_time_names_the_parallel_map() -> None:
+    source = it.NativeCheckpointableIterator(list(range(60)))
+    pipeline = it.ParallelMapIterator(it.MapIterator(source, add_one), slow, 2, 3, mode="thread")
+    with pipeline:
+        stats.enable(pipeline)
+        assert len(list(pipeline)) == 60
+        root, *_ = entries = stats.collect(pipeline)
+    assert root["workers"] == 2
+    assert 60 * SLOW_S <= root["worker_busy_s"] <= 2 * root["wall_s"]
+    assert root["in_flight"] == 0
+    busiest = stats.limiting(entries)
+    assert busiest is not None
+    assert busiest["path"] == "ParallelMapIterator"
+
+
+def test_training_loop_bound_pipeline_is_called_so() -> None:
+    pipeline = it.MapIterator(it.NativeCheckpointableIterator(list(range(40))), add_one)
+    stats.enable(pipeline)
+    for _ in pipeline:
+        time.sleep(SLOW_S)  # the "training step"
+    entries = stats.collect(pipeline)
+    assert stats.consumer_wait_share(entries) < 0.05
+    assert "the training loop is the limit, not the data" in stats.report(pipeline)
+
+
+# -- off means off -------------------------------------------------------------------------
+
+
+def iterator_types(pipeline: it.CheckpointableIterator[Any]) -> list[str]:
+    return [type(stage._iterator).__name__ for stage in walk(pipeline) if isinstance(stage, Stage)]
+
+
+def mixed_pipeline() -> it.CheckpointableIterator[Any]:
+    source = it.InfinitePermutationSourceIterator(list(range(30)), seed=3)
+    shuffled = it.BlockwiseShuffleIterator(it.MapIterator(source, add_one), 7, 1)
+    parallel = it.ParallelMapIterator(shuffled, double, 2, 3, mode="thread")
+    prefetched = it.PrefetchIterator(parallel, 10, mode="thread")
+    return it.BucketedReadaheadBatchIterator(prefetched, 20, key=abs, batch_size=4, seed=2)
+
+
+def test_off_runs_the_stages_own_iterators_without_wrappers() -> None:
+    with mixed_pipeline() as pipeline:
+        plain = iterator_types(pipeline)
+        assert "chain" not in plain
+        assert all(stage._probe is None for stage in walk(pipeline) if isinstance(stage, Stage))
+        next(pipeline)
+        stats.enable(pipeline)
+        assert set(iterator_types(pipeline)) == {"chain"}
+        next(pipeline)
+        stats.disable(pipeline)
+        assert iterator_types(pipeline) == plain
+        assert all(stage._probe is None for stage in walk(pipeline) if isinstance(stage, Stage))
+        with pytest.raises(ValueError, match=r"stats.collect: statistics are off .*enable"):
+            stats.collect(pipeline)
+
+
+def test_enabled_context_switches_off_after_the_block() -> None:
+    pipeline = mixed_pipeline()
+    with stats.enabled(pipeline, sample_every=4):
+        next(pipeline)
+        assert stats.collect(pipeline)[0]["items_out"] == 1
+    assert "chain" not in iterator_types(pipeline)
+    pipeline.close()
+
+
+def test_enable_checks_its_argument() -> None:
+    with pytest.raises(ValueError, match=r"stats\.enable: sample_every must be >= 1, got 0"):
+        stats.enable(mixed_pipeline(), sample_every=0)
+
+
+# -- statistics never enter checkpoints ----------------------------------------------------
+
+
+def test_states_and_items_are_the_same_with_and_without_statistics() -> None:
+    with mixed_pipeline() as plain, mixed_pipeline() as measured:
+        stats.enable(measured, sample_every=3)
+        for step in range(120):
+            assert plain.getstate() == measured.getstate()
+            assert next(plain) == next(measured)
+            if step == 50:  # a restore keeps counting
+                state = measured.getstate()
+                measured.setstate(json.loads(json.dumps(state)))
+                plain.setstate(state)
+        assert stats.collect(measured)[0]["items_out"] == 120
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_contract_holds_with_statistics_on(index: int) -> None:
+    def factory() -> it.CheckpointableIterator[Any]:
+        pipeline = [
+            mixed_pipeline,
+            lambda: it.WindowedIterator(
+                it.SelectManyIterator(it.NativeCheckpointableIterator([[1, 2], [], [3]] * 9)), 3
+            ),
+            lambda: it.WeightedMultiplexIterator(
+                [it.NativeCheckpointableIterator(list(range(40))), it.RandomIterator(seed=1)],
+                [1, 2],
+                seed=5,
+            ),
+        ][index]()
+        stats.enable(pipeline, sample_every=2)
+        return pipeline
+
+    assert_checkpointable(factory, max_items=40, check_damage=False, check_torch=False)
+
+
+# -- counters add up -----------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    recipe=recipes(),
+    sample_every=st.integers(1, 9),
+    take=st.integers(0, 60),
+    restore_at=st.integers(0, 60),
+)
+def test_counters_add_up_over_random_chains(
+    recipe: Any, sample_every: int, take: int, restore_at: int
+) -> None:
+    pipeline = build_source(recipe.source)
+    for spec in recipe.stages:  # a counting map after every stage: the ground truth
+        pipeline = it.MapIterator(build_stage(pipeline, spec), Counter())
+    pipeline = it.MapIterator(pipeline, Counter())
+    stats.enable(pipeline, sample_every=sample_every)
+    consumed = 0
+    for step in range(take):
+        if step == restore_at:  # counting goes on across restores
+            pipeline.setstate(pipeline.getstate())
+        try:
+            next(pipeline)
+        except StopIteration:
+            break
+        consumed += 1
+    entries = stats.collect(pipeline)
+    assert entries[0]["items_out"] == consumed
+    stages = list(walk(pipeline))
+    assert [type(stage).__name__ for stage in stages] == [entry["stage"] for entry in entries]
+    checked = 0
+    for index, stage in enumerate(stages):
+        counter = getattr(stage, "_transform", None)
+        if isinstance(counter, Counter):
+            below = entries[index + 1]  # the counted stage: the map's only source
+            assert entries[index]["items_out"] == counter.calls
+            assert entries[index]["items_in"] == counter.calls
+            assert below["items_out"] == counter.calls  # items out of it = items into the next
+            checked += 1
+    assert checked == len(recipe.stages) + 1
+
+
+@pytest.mark.parametrize("method", [("thread", None), ("process", "fork"), ("process", "spawn")])
+def test_counters_of_worker_processes_come_back(method: Any) -> None:
+    source = it.NativeCheckpointableIterator(list(range(500)))
+    pipeline = it.PrefetchIterator(
+        it.FixedBatchIterator(it.MapIterator(source, add_one), 3),
+        8,
+        mode=method[0],
+        start_method=method[1],
+    )
+    with pipeline:
+        stats.enable(pipeline, sample_every=5)
+        assert len(list(pipeline)) == 167
+        entries = stats.collect(pipeline)
+    assert [(e["items_in"], e["items_out"]) for e in entries] == [
+        (167, 167),
+        (500, 167),
+        (500, 500),
+        (None, 500),
+    ]
+    assert all(entry["time_s"] is not None and entry["time_s"] >= 0 for entry in entries)
+    assert entries[0]["worker_busy_s"] == entries[1]["time_s"]
+
+
+# -- multi-source tree, flat dict ----------------------------------------------------------
+
+
+NATIVE = "NativeCheckpointableIterator"
+
+
+def test_multi_source_stages_form_a_tree_and_flat_names_them() -> None:
+    first = it.MapIterator(it.NativeCheckpointableIterator(list(range(50))), add_one)
+    second = it.RandomIterator(seed=1)
+    pipeline = it.WeightedMultiplexIterator([first, second], [1, 1], seed=3)
+    stats.enable(pipeline)
+    list(islice(pipeline, 30))
+    entries = stats.collect(pipeline)
+    assert [(e["path"], e["depth"]) for e in entries] == [
+        ("WeightedMultiplexIterator", 0),
+        ("WeightedMultiplexIterator.sources[0] > MapIterator", 1),
+        ("WeightedMultiplexIterator.sources[0] > MapIterator.source > " + NATIVE, 2),
+        ("WeightedMultiplexIterator.sources[1] > RandomIterator", 1),
+    ]
+    assert entries[0]["items_in"] == entries[1]["items_out"] + entries[3]["items_out"] >= 30
+    flat = stats.flat(pipeline, prefix="loader/")
+    assert flat["loader/WeightedMultiplexIterator/items_out"] == 30
+    assert (
+        flat[
+            "loader/WeightedMultiplexIterator[0]/MapIterator/NativeCheckpointableIterator/items_out"
+        ]
+        == entries[2]["items_out"]
+    )
+    assert 0 <= flat["loader/consumer_wait_share"] <= 1
+    assert all(isinstance(value, float) for value in flat.values())
+    tree = [line[:52].rstrip() for line in stats.report(pipeline).splitlines()[1:5]]
+    assert tree == [
+        "WeightedMultiplexIterator",
+        "   └─ MapIterator",
+        "      └─ NativeCheckpointableIterator",
+        "   └─ RandomIterator",
+    ]
+
+
+# -- headspace -----------------------------------------------------------------------------
+
+
+def squares_pipeline() -> it.CheckpointableIterator[int]:
+    return it.MapIterator(it.NativeCheckpointableIterator(list(range(100))), double)
+
+
+def test_headspace_drains_a_copy_without_disturbing_the_pipeline() -> None:
+    pipeline = squares_pipeline()
+    assert list(islice(pipeline, 10)) == list(range(0, 20, 2))
+    state = pipeline.getstate()
+    rate = stats.headspace(pipeline, items=50, keep=5)
+    assert pipeline.getstate() == state
+    assert next(pipeline) == 20
+    assert rate.items == 50
+    assert rate.kept == [20, 22, 24, 26, 28]
+    assert rate.per_s > 0
+    from_start = stats.headspace(squares_pipeline, items=500)
+    assert from_start.items == 100  # the stream ends first
+    calls: list[int] = []
+    consumer = stats.consumer_rate(calls.append, rate.kept, steps=12)
+    assert consumer.items == 12
+    assert calls == (rate.kept * 3)[:12]
+
+
+def test_headspace_refuses_bad_arguments() -> None:
+    with pytest.raises(ValueError, match=r"stats\.headspace: items must be >= 1, got 0"):
+        stats.headspace(squares_pipeline, items=0)
+    with pytest.raises(TypeError, match=r"stats\.headspace: source must be callable"):
+        stats.headspace(3, items=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"stats\.consumer_rate: batches is empty"):
+        stats.consumer_rate(print, [], steps=1)
+
+
+# -- history and plot ----------------------------------------------------------------------
+
+
+def test_history_shares_and_plot(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    pipeline, slow_path = chain_with_slow_middle(60, None, ("thread", None))
+    stats.enable(pipeline)
+    history = stats.History(pipeline)
+    history.record()
+    for batch in itertools.islice(pipeline, 3):
+        assert batch
+        history.record()
+    times, shares = history.shares()
+    assert len(times) == 3
+    assert times == sorted(times)
+    for index in range(3):
+        assert sum(series[index] for series in shares.values()) == pytest.approx(1.0)
+        assert shares[slow_path][index] > 0.8
+    path = tmp_path / "shares.png"
+    history.plot(str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+READ_TIMES: list[float] = []
+
+
+def read_slowly(chunk: int) -> list[int]:
+    start = time.perf_counter()
+    time.sleep(10 * SLOW_S)
+    READ_TIMES.append(time.perf_counter() - start)
+    return list(range(chunk * 1000, chunk * 1000 + 1000))
+
+
+@pytest.mark.parametrize("read_ahead", [0, 2])
+def test_rare_long_steps_are_timed_in_full(read_ahead: int) -> None:
+    """A chunk read every 1,000 fast items: sampling alone would catch few of them."""
+    READ_TIMES.clear()
+    chunks = it.NativeCheckpointableIterator(list(range(12)))
+    lines = it.SelectManyIterator(chunks, read_slowly, read_ahead=read_ahead)
+    pipeline = it.FixedBatchIterator(it.BlockwiseShuffleIterator(lines, 3000, 1), 100)
+    stats.enable(pipeline, sample_every=64)
+    assert sum(len(batch) for batch in pipeline) == 12000
+    entries = stats.collect(pipeline)
+    reading = entries[2]
+    assert reading["stage"] == "SelectManyIterator"
+    if read_ahead == 0:  # the reads happen in this thread: all of their time is counted
+        assert reading["self_s"] == pytest.approx(sum(READ_TIMES), rel=0.2)
+        busiest = stats.limiting(entries)
+        assert busiest is not None
+        assert busiest["stage"] == "SelectManyIterator"
+    else:  # read in threads: what shows is the wait for them, at least for the first one
+        assert reading["self_s"] >= READ_TIMES[0]
+    assert entries[0]["time_s"] >= entries[1]["time_s"] >= reading["time_s"]
