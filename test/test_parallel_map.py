@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _leaks import open_fds, open_pipes
 
 import infinibatch_like.iterators as it
 from infinibatch_like import WorkerError
@@ -249,7 +250,7 @@ def test_nothing_outlives_close_or_gc() -> None:
     warm = it.ParallelMapIterator(native(10), square, 2, 2)
     next(warm)
     warm.close()
-    threads, fds = set(threading.enumerate()), len(os.listdir("/proc/self/fd"))
+    threads, fds, pipes = set(threading.enumerate()), open_fds(), open_pipes()
     for _ in range(3):
         pipeline = it.ParallelMapIterator(native(100), square, 2, 2)
         next(pipeline)
@@ -263,8 +264,11 @@ def test_nothing_outlives_close_or_gc() -> None:
         pipeline.setstate(None)  # a restore replaces the pool
         next(pipeline)
     assert not children()
-    assert set(threading.enumerate()) == threads
-    assert len(os.listdir("/proc/self/fd")) == fds
+    # Threads and sockets of other tests' servers (moto's request handlers) may end
+    # meanwhile: no thread and no descriptor may be added, and every pipe is closed.
+    assert set(threading.enumerate()) <= threads
+    assert open_fds() <= fds
+    assert open_pipes() == pipes
     with pytest.raises(RuntimeError):
         next(pipeline)
 

@@ -18,6 +18,7 @@ import traceback
 from typing import Any
 
 import pytest
+from _leaks import open_fds, open_pipes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -84,10 +85,6 @@ def expected_lines() -> list[str]:
 def drain(pipeline: Any, sink: list[Any]) -> None:
     for item in pipeline:
         sink.append(item)
-
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 def shm_entries() -> set[str]:
@@ -256,7 +253,7 @@ def test_nothing_outlives_close_gc_or_the_context_manager(mode: str) -> None:
     warm = chunk_pipeline(mode)
     next(warm)
     warm.close()
-    threads, fds, shm = set(threading.enumerate()), open_fds(), shm_entries()
+    threads, fds, pipes, shm = set(threading.enumerate()), open_fds(), open_pipes(), shm_entries()
     for _ in range(3):
         pipeline = chunk_pipeline(mode)
         next(pipeline)
@@ -271,8 +268,11 @@ def test_nothing_outlives_close_gc_or_the_context_manager(mode: str) -> None:
     next(nested)
     nested.close()
     assert not children()
-    assert set(threading.enumerate()) == threads
-    assert open_fds() == fds
+    # Threads and sockets of other tests' servers (moto's request handlers) may end
+    # meanwhile: no thread and no descriptor may be added, and every pipe is closed.
+    assert set(threading.enumerate()) <= threads
+    assert open_fds() <= fds
+    assert open_pipes() == pipes
     assert shm_entries() <= shm
 
 
