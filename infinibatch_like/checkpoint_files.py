@@ -12,6 +12,12 @@ Keeping the last k checkpoints: give a path with ``{step}`` in its file name, su
 ``"ckpt/data-{step}.json"``, with ``step=`` and ``keep=k``; after the new file is
 written, only it and the files of the k - 1 highest other steps are kept. ``load_checkpoint`` of the
 same pattern loads the file with the highest step.
+
+Checkpoint:
+    The file holds the state exactly as given (the pipeline's ``getstate()`` with any keys
+    of your own), plus a 16-hex digest of every stage's ``fingerprint`` in it, so that an
+    edited or spliced file is refused at load; restoring it into a pipeline built
+    differently is refused by ``setstate``, naming the stage and the argument.
 """
 
 from __future__ import annotations
