@@ -267,11 +267,11 @@ class SelectManyIterator(BudgetedStage[Any]):
                 read.wait()
 
     def _generate(self, collections: Collections, skip: int) -> Iterator[Any]:
-        on_empty, probe = self._on_empty, self._probe
+        on_empty = self._on_empty
         for self._anchor, item, collection in collections:
             self._consumed = skip
             try:
-                inner = collection() if probe is None else probe.timed(collection)
+                inner = self._open(collection)
                 if skip:
                     skip_items(self, inner, skip, "the current collection")
                 for self._consumed, output in enumerate(inner, skip + 1):
@@ -282,12 +282,7 @@ class SelectManyIterator(BudgetedStage[Any]):
             if not self._consumed and on_empty is not None:
                 on_empty(item)
             skip = 0
-        if skip:
-            raise self.mismatch(
-                f"the checkpoint is inside a collection ({skip} items consumed), "
-                "but the source is exhausted"
-            )
-        self._anchor, self._consumed = source_state(self._source), 0
+        self._source_ended(skip)
 
     def _generate_skipping(
         self, collections: Collections, skip: int, budget: Budget
@@ -299,7 +294,7 @@ class SelectManyIterator(BudgetedStage[Any]):
             self._consumed = skip
             try:
                 try:
-                    inner = collection()
+                    inner = self._open(collection)
                 except Exception as error:
                     if skip:  # it opened before the checkpoint: a real failure
                         raise
@@ -330,6 +325,17 @@ class SelectManyIterator(BudgetedStage[Any]):
                 on_empty(item)
             self._base += self._consumed
             self._consumed = skip = 0
+        self._source_ended(skip)
+
+    def _open(self, collection: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+        """The items of `collection` (a chunk's reader), its opening timed in full while
+        statistics are on."""
+        probe = self._probe
+        return collection() if probe is None else probe.timed(collection)
+
+    def _source_ended(self, skip: int) -> None:
+        """Record the end of the source, refusing a checkpoint that was inside a
+        collection (`skip` of its items consumed) when there is none left."""
         if skip:
             raise self.mismatch(
                 f"the checkpoint is inside a collection ({skip} items consumed), "
