@@ -37,6 +37,7 @@ class _PrefetchRunner(Runner):
         super().__init__(source, snapshot_every)
         # Batches small enough that the buffer holds several of them.
         self.max_batch = max(1, min(64, buffer_size // 4, snapshot_every))
+        self.buffer_size = buffer_size
         self.slots = max(1, -(-buffer_size // self.max_batch))
         self.mode, self.start_method, self.warn_empty = mode, start_method, warn_empty
         self.buffer_in_main_process = buffer_in_main_process
@@ -62,9 +63,11 @@ class _PrefetchRunner(Runner):
 
     def _process_channel(self, production: Production) -> Channel:
         if self.buffer_in_main_process:  # a small buffer there, the real one here
-            process = ProcessChannel(production, min(2, self.slots), False, self.start_method)
+            process = ProcessChannel(
+                production, min(2 * self.max_batch, self.buffer_size), False, self.start_method
+            )
             return buffered_channel(process, self.slots, self.warn_empty)
-        return ProcessChannel(production, self.slots, self.warn_empty, self.start_method)
+        return ProcessChannel(production, self.buffer_size, self.warn_empty, self.start_method)
 
     def stop(self) -> None:
         channel, self.channel = self.channel, None

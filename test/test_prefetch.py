@@ -408,3 +408,63 @@ def test_buffer_in_main_process_receives_ahead_in_a_thread(buffered: bool, threa
         assert list(pipeline) == list(range(40))
     assert set(UNPICKLED_IN) == {thread}
     assert not children()
+
+
+# -- messages of a worker process ---------------------------------------------------------
+
+PRODUCED = multiprocessing.get_context("fork").Value("i", 0)
+
+
+def counted_blob(i: int) -> bytes:
+    with PRODUCED.get_lock():
+        PRODUCED.value += 1
+    return i.to_bytes(4, "little") + bytes(24_000)
+
+
+def received_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The item count of every batch message the consumer receives from a worker process."""
+    from infinibatch_like._background import channels
+
+    sizes: list[int] = []
+    receive = channels.ProcessChannel.receive
+
+    def recording(self: Any) -> Any:
+        message = receive(self)
+        if isinstance(message, channels.Batch):
+            sizes.append(len(message.items))
+        return message
+
+    monkeypatch.setattr(channels.ProcessChannel, "receive", recording)
+    return sizes
+
+
+def test_big_items_travel_a_few_per_message_small_ones_many(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 24 KB items: about 64 KB per message, so 2 items (a message of 16 would be 384 KB
+    # and hold 16 items' thousands of objects alive in the consumer at once).
+    sizes = received_sizes(monkeypatch)
+    source = it.MapIterator(it.NativeCheckpointableIterator(list(range(300))), counted_blob)
+    with PrefetchIterator(source, 64, start_method="fork") as pipeline:
+        assert [int.from_bytes(blob[:4], "little") for blob in pipeline] == list(range(300))
+    assert sum(sizes) == 300
+    assert max(sizes) == 2
+    sizes.clear()
+    with PrefetchIterator(it.NativeCheckpointableIterator(list(range(300))), 64) as pipeline:
+        assert list(pipeline) == list(range(300))
+    assert max(sizes) == 16  # min(64, buffer_size // 4, snapshot_every)
+
+
+def test_a_worker_process_keeps_about_buffer_size_big_items_ready() -> None:
+    PRODUCED.value = 0
+    source = it.MapIterator(it.NativeCheckpointableIterator(list(range(1000))), counted_blob)
+    with PrefetchIterator(source, 64, start_method="fork") as pipeline:
+        next(pipeline)
+        before, deadline = -1, time.monotonic() + 10
+        while PRODUCED.value != before and time.monotonic() < deadline:
+            before = PRODUCED.value
+            time.sleep(0.3)
+        # 64 waiting in the worker, what the pipe holds (64 KB: 2 items), the item
+        # taken, the one blocked in put and the message being written.
+        assert 64 <= PRODUCED.value <= 64 + 8
+        assert [int.from_bytes(b[:4], "little") for b in pipeline] == list(range(1, 1000))

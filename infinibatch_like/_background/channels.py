@@ -49,14 +49,35 @@ class Production(NamedTuple):
     """In a worker process: statistics' `sample_every` (0: off)."""
 
 
-def produce(production: Production) -> Iterator[Message]:
+MESSAGE_BYTES = 64 * 1024
+"""What a worker process aims to send per message (see `Pace`)."""
+
+
+class Pace:
+    """How many items a worker process puts in a message: up to `max_batch`, as many as
+    fill about `MESSAGE_BYTES` once pickled. Enough to spread a message's fixed costs, and
+    few enough that the consumer's copies of one message's items are freed before the
+    garbage collector promotes them to older generations (a message of thousands of
+    containers held while its items are served makes every collection costlier)."""
+
+    def __init__(self, max_batch: int) -> None:
+        self.max_batch = self.limit = max_batch
+
+    def sent(self, items: int, size: int) -> None:
+        """A message of `items` items took `size` bytes pickled."""
+        if items:
+            self.limit = max(1, min(self.max_batch, items * MESSAGE_BYTES // max(1, size)))
+
+
+def produce(production: Production, pace: Pace | None = None) -> Iterator[Message]:
     """The messages for the consumer of ``production.source``: batches of items, then
     `End`; an exception of the source is raised after the items that came before it.
 
     The source is where a checkpoint's snapshot points; `replay` items are skipped first,
     then a snapshot is taken (so a checkpoint never replays more than `snapshot_every`).
     Batches start at one item and double up to `max_batch` (<= `snapshot_every`: a fast
-    first item, then few messages); every `snapshot_every` items a batch carries a `Mark`.
+    first item, then few messages), or to ``pace.limit`` if a `pace` is given; every
+    `snapshot_every` items a batch carries a `Mark`.
     """
     source, skip, every, max_batch, owner, _ = production
     pull = fast_iterator(source)
@@ -90,8 +111,7 @@ def produce(production: Production) -> Iterator[Message]:
         if until_snapshot == 0:
             mark, until_snapshot = Mark(size, getstate()), every
         yield Batch(items, mark)
-        if size < max_batch:
-            size = min(2 * size, max_batch)
+        size = min(2 * size, max_batch if pace is None else pace.limit)
 
 
 def _opened(message: Message) -> Message:
@@ -215,14 +235,19 @@ def buffered_channel(channel: ProcessChannel, slots: int, warn_empty: bool) -> T
 
 class _Outbox:
     """A worker process's bounded buffer of pickled messages, written to the consumer's
-    pipe by a thread (so that producing overlaps with the consumer reading)."""
+    pipe by a thread (so that producing overlaps with the consumer reading). It holds
+    about `capacity` items: as many messages as `pace` puts that many items in."""
 
-    def __init__(self, fd: int, slots: int) -> None:
-        self._queue: queue.Queue[bytes | None] = queue.Queue(slots)
+    def __init__(self, fd: int, capacity: int, pace: Pace) -> None:
+        self._capacity, self._pace = capacity, pace
+        self._queue: queue.Queue[bytes | None] = queue.Queue(self._slots())
         self._thread = threading.Thread(
             target=self._write, args=(fd,), name="infinibatch_like.outbox", daemon=True
         )
         self._thread.start()
+
+    def _slots(self) -> int:
+        return max(1, -(-self._capacity // self._pace.limit))
 
     def _write(self, fd: int) -> None:
         get = self._queue.get
@@ -233,11 +258,16 @@ class _Outbox:
             pass
 
     def put(self, message: Message) -> None:
-        self._queue.put(pickle.dumps(message, wire.PROTOCOL))
+        data = pickle.dumps(message, wire.PROTOCOL)
+        if isinstance(message, Batch):
+            self._pace.sent(len(message.items), len(data))
+            # Only this thread puts: a smaller bound takes effect as the writer drains.
+            self._queue.maxsize = self._slots()
+        self._queue.put(data)
 
-    def fill(self, slots: int) -> float:
+    def fill(self) -> float:
         """How full the buffer is (0..1)."""
-        return self._queue.qsize() / slots
+        return min(1.0, self._queue.qsize() / self._queue.maxsize)
 
     def close(self) -> None:
         """Wait until everything put was written."""
@@ -248,7 +278,7 @@ class _Outbox:
 def _producer_main(
     payload: bytes | None,
     production: Production,
-    slots: int,
+    capacity: int,
     writer: Connection,
     parent: int,
     where: str,
@@ -261,16 +291,17 @@ def _producer_main(
             holder[0].close()
 
     worker_setup(parent, close_pipeline)
-    outbox = _Outbox(writer.fileno(), slots)
+    pace = Pace(production.max_batch)
+    outbox = _Outbox(writer.fileno(), capacity, pace)
     try:
         if payload is not None:
             holder[0] = pickle.loads(payload)
         stats = WorkerStats(holder[0], production.stats_every) if production.stats_every else None
-        for message in produce(production._replace(source=holder[0])):
+        for message in produce(production._replace(source=holder[0]), pace):
             if stats is not None and (
                 isinstance(message, End) or (isinstance(message, Batch) and stats.due())
             ):
-                message = message._replace(stats=stats.delta(outbox.fill(slots)))
+                message = message._replace(stats=stats.delta(outbox.fill()))
             outbox.put(message)
     except BaseException as error:
         outbox.put(Failure(report_error(error, where, holder[0])))
@@ -280,11 +311,11 @@ def _producer_main(
 
 
 class ProcessChannel(Channel):
-    """`produce` in a worker process, sending pickled messages on a pipe; up to `slots`
-    messages wait in the worker (plus what the pipe holds)."""
+    """`produce` in a worker process, sending pickled messages on a pipe; about `capacity`
+    items wait in the worker (plus what the pipe holds)."""
 
     def __init__(
-        self, production: Production, slots: int, warn_empty: bool, start_method: str | None
+        self, production: Production, capacity: int, warn_empty: bool, start_method: str | None
     ) -> None:
         name = self.name = production.owner
         context = get_context(name, start_method)
@@ -301,7 +332,7 @@ class ProcessChannel(Channel):
         self._receiver, writer = context.Pipe(duplex=False)
         self._process: BaseProcess = context.Process(  # type: ignore[attr-defined]
             target=_producer_main,
-            args=(payload, production, slots, writer, os.getpid(), where),
+            args=(payload, production, capacity, writer, os.getpid(), where),
             name=f"infinibatch_like.{name}.worker",
             daemon=False,
         )
