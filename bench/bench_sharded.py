@@ -6,13 +6,21 @@ P1 (from bench_background.py): gzip chunks -> chunked_dataset_iterator (blockwis
 ``--reps`` times each, consuming the same number of lines:
 
   infinibatch   P1 in one process, infinibatch 0.1.1;
-  sharded       ShardedIterator(factory, num_shards=2, workers=2): each worker process runs
-                P1 over half of the chunks (shard s: chunks[s::2], seeds derived from s);
-                only finished batches cross the process boundary;
+  sharded       ShardedIterator(factory, num_shards=2, workers=2, buffer_size=--buffer):
+                each worker process runs P1 over half of the chunks (shard s:
+                chunks[s::2], seeds derived from s); only finished batches cross the
+                process boundary;
   sharded-8     the same with 8 shards (4 per worker; block and read-ahead / 4 per shard);
   ceiling       two independent processes started together, each running P1 (this
                 library, one process) over half of the chunks and half of the lines, with
-                nothing exchanged: the best two processes can do on this machine.
+                nothing exchanged: the best two processes can do on this machine;
+  floor         the ceiling's two processes, each also pickling and unpickling every batch
+                it makes: what moving the batches costs, without a process boundary.
+
+and, with batches collated by `Padded` (a batch's token lists padded into one int32
+buffer, as a collate function makes a tensor) in both runs:
+
+  sharded-collated, ceiling-collated.
 
 Reports wall-clock ratios (medians): ceiling / sharded (target >= 0.9: within 10 % of the
 ceiling) and the speed-up over infinibatch, with the CPU time of every run (consumer and
@@ -28,9 +36,11 @@ import argparse
 import itertools
 import json
 import multiprocessing
+import pickle
 import random
 import sys
 import time
+from array import array
 from typing import Any
 
 import _util
@@ -53,47 +63,74 @@ from infinibatch_like.sharded import ShardedIterator, owned_shards
 WORKERS = 2
 
 
+class Padded:
+    """A collated batch: `rows` token lists padded to `cols` tokens, as one int32 buffer
+    (what a collate function turns into a tensor); ``len()`` is its number of rows."""
+
+    __slots__ = ("cols", "data", "rows")
+
+    def __init__(self, batch: list[list[int]]) -> None:
+        self.rows, self.cols = len(batch), max(map(len, batch))
+        self.data = array("i")
+        for tokens in batch:
+            self.data.extend(tokens)
+            self.data.extend(itertools.repeat(0, self.cols - len(tokens)))
+
+    def __len__(self) -> int:
+        return self.rows
+
+
 class P1Shard:
     """``factory(shard, num_shards)``: P1 over the shard's chunks, its sizes divided among
-    the shards of a worker so that a worker holds as much as one P1."""
+    the shards of a worker so that a worker holds as much as one P1; batches `Padded` if
+    `collated`."""
 
-    def __init__(self, chunks: list[str]) -> None:
-        self.chunks = chunks
+    def __init__(self, chunks: list[str], collated: bool = False) -> None:
+        self.chunks, self.collated = chunks, collated
 
     def __call__(self, shard: int, num_shards: int) -> ours.CheckpointableIterator[Any]:
         per_worker = max(1, num_shards // WORKERS)
         samples = chunked_dataset_iterator(
             self.chunks[shard::num_shards], read_chunk, BLOCK // per_worker, seed=1 + shard
         )
-        return ours.BucketedReadaheadBatchIterator(
+        batches = ours.BucketedReadaheadBatchIterator(
             ours.MapIterator(samples, tokenize),
             read_ahead=READ_AHEAD // per_worker,
             key=len,
             batch_size=batch_size_for,
             seed=1000 + shard,
         )
+        return ours.MapIterator(batches, Padded) if self.collated else batches
 
 
-def sharded(chunks: list[str], shards: int) -> ShardedIterator[Any]:
-    return ShardedIterator(P1Shard(chunks), shards, 0, 1, workers=WORKERS, buffer_size=16)
+def sharded(
+    chunks: list[str], shards: int, buffer_size: int, collated: bool = False
+) -> ShardedIterator[Any]:
+    factory = P1Shard(chunks, collated)
+    return ShardedIterator(factory, shards, 0, 1, workers=WORKERS, buffer_size=buffer_size)
 
 
-def _half(chunks: list[str], half: int, lines: int) -> None:
-    pipeline = P1Shard(chunks)(half, WORKERS)
+def _half(chunks: list[str], half: int, lines: int, collated: bool, round_trip: bool) -> None:
+    pipeline = P1Shard(chunks, collated)(half, WORKERS)
     seen = 0
     for batch in pipeline:
+        if round_trip:
+            batch = pickle.loads(pickle.dumps(batch, pickle.HIGHEST_PROTOCOL))
         seen += len(batch)
         if seen >= lines:
             return
 
 
-def ceiling_run(chunks: list[str], lines: int) -> tuple[float, float]:
-    """(wall, CPU) of two independent half pipelines run at the same time."""
+def ceiling_run(
+    chunks: list[str], lines: int, collated: bool = False, round_trip: bool = False
+) -> tuple[float, float]:
+    """(wall, CPU) of two independent half pipelines run at the same time (each pickling
+    and unpickling every batch if `round_trip`)."""
     context = multiprocessing.get_context("fork")
     children_before = children_cpu()
     started = time.perf_counter()
     processes = [
-        context.Process(target=_half, args=(chunks, half, lines // WORKERS))
+        context.Process(target=_half, args=(chunks, half, lines // WORKERS, collated, round_trip))
         for half in range(WORKERS)
     ]
     for process in processes:
@@ -105,7 +142,7 @@ def ceiling_run(chunks: list[str], lines: int) -> tuple[float, float]:
 
 
 def state_bytes_per_shard(chunks: list[str], shards: int) -> float:
-    pipeline = ShardedIterator(P1Shard(chunks), shards, 0, 1)
+    pipeline: ShardedIterator[Any] = ShardedIterator(P1Shard(chunks), shards, 0, 1)
     for _ in itertools.islice(pipeline, 100):
         pass
     size = len(json.dumps(pipeline.getstate()))
@@ -132,65 +169,71 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller corpus and counts")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--buffer", type=int, default=256, help="ShardedIterator buffer_size")
     args = parser.parse_args(argv)
     corpus_lines = 300_000 if args.quick else 1_000_000
     lines = 250_000 if args.quick else 600_000
     chunks = build_corpus(corpus_lines, 10_000)
 
     lib, why = _util.load_library("infinibatch")
+    buffer = args.buffer
+
+    def pipeline_run(make: Any) -> Any:
+        return lambda: measured_run(make, lines)[:2]
+
     runs: dict[str, Any] = {
-        "sharded": lambda: sharded(chunks, 2),
-        "sharded-8": lambda: sharded(chunks, 8),
+        "sharded": pipeline_run(lambda: sharded(chunks, 2, buffer)),
+        "sharded-8": pipeline_run(lambda: sharded(chunks, 8, buffer)),
+        "ceiling": lambda: ceiling_run(chunks, lines),
+        "floor": lambda: ceiling_run(chunks, lines, round_trip=True),
+        "sharded-collated": pipeline_run(lambda: sharded(chunks, 2, buffer, collated=True)),
+        "ceiling-collated": lambda: ceiling_run(chunks, lines, collated=True),
     }
     if lib is None:
         print(f"[bench] infinibatch unavailable ({why}); skipped", file=sys.stderr)
     else:
-        runs = {"infinibatch": lambda: infinibatch_pipeline(chunks), **runs}
-    wall: dict[str, list[float]] = {name: [] for name in (*runs, "ceiling")}
-    cpu: dict[str, list[float]] = {name: [] for name in wall}
+        runs = {"infinibatch": pipeline_run(lambda: infinibatch_pipeline(chunks)), **runs}
+    wall: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(args.reps):
-        for name, make in runs.items():
-            seconds, cpu_seconds, _first = measured_run(make, lines)
+        for name, run in runs.items():
+            seconds, cpu_seconds = run()
             wall[name].append(seconds)
             cpu[name].append(cpu_seconds)
-        seconds, cpu_seconds = ceiling_run(chunks, lines)
-        wall["ceiling"].append(seconds)
-        cpu["ceiling"].append(cpu_seconds)
 
-    ceiling = median(wall["ceiling"])
     rows = []
     results: dict[str, Any] = {
         "quick": args.quick,
         "reps": args.reps,
         "lines": lines,
+        "buffer_size": buffer,
         "wall_s": wall,
         "cpu_s": cpu,
     }
-    for name in ("sharded", "sharded-8"):
-        to_ceiling = ceiling / median(wall[name])
-        results[f"{name}_to_ceiling"] = to_ceiling
+    comparisons = [
+        ("sharded", "ceiling"),
+        ("sharded-8", "ceiling"),
+        ("floor", "ceiling"),
+        ("sharded", "floor"),
+        ("sharded-collated", "ceiling-collated"),
+    ]
+    for name, reference in comparisons:
+        to_reference = median(wall[reference]) / median(wall[name])
+        results[f"{name}_to_{reference}"] = to_reference
+        target = reference == "ceiling" or name == "sharded-collated"
         rows.append(
             [
-                f"{name} (2 workers): ceiling / sharded",
-                to_ceiling,
-                ">= 0.9",
-                verdict(to_ceiling, 0.9, True),
+                f"{reference} / {name}",
+                to_reference,
+                ">= 0.9" if target else "-",
+                verdict(to_reference, 0.9, True) if target else "",
             ]
         )
-        if "infinibatch" in wall:
+    if "infinibatch" in wall:
+        for name in ("sharded", "sharded-8", "ceiling"):
             speedup = median(wall["infinibatch"]) / median(wall[name])
             results[f"{name}_speedup_vs_infinibatch"] = speedup
             rows.append([f"{name}: speed-up vs infinibatch 0.1.1", speedup, "-", ""])
-    if "infinibatch" in wall:
-        results["ceiling_speedup_vs_infinibatch"] = median(wall["infinibatch"]) / ceiling
-        rows.append(
-            [
-                "ceiling: speed-up vs infinibatch 0.1.1",
-                results["ceiling_speedup_vs_infinibatch"],
-                "-",
-                "",
-            ]
-        )
     for name in wall:
         rows.append(
             [

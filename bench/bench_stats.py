@@ -2,66 +2,79 @@
 
 P1 is the pipeline of ``bench_pipeline.py`` built with infinibatch_like: gzip chunks ->
 block-wise shuffle (``chunked_dataset_iterator``) -> tokenize (``MapIterator(str.split)``)
--> ``BucketedReadaheadBatchIterator``. Each repetition builds fresh pipelines and consumes
-``--measure-lines`` lines from each, in an order that rotates between repetitions:
+-> ``BucketedReadaheadBatchIterator``.
 
-* ``off``: statistics off (the default);
-* ``on``: ``stats.enable(pipeline)`` (the default ``sample_every=128``);
-* ``exact``: ``stats.enable(pipeline, sample_every=1)`` (every pull timed; for reference).
+The measurement interleaves two P1 pipelines in this one process: each round builds two
+fresh, identical pipelines, switches statistics on in one of them (``stats.enable``, the
+default ``sample_every=128``; in the first-built pipeline in half of the rounds, in the
+second-built one in the other half), and then lets them take turns consuming
+``--segment`` lines each, ``--pairs`` times, the order within a pair alternating. The
+figure is the median over all pairs of (CPU time of the segment with statistics) / (CPU
+time of the segment without). Interleaving in one process keeps what differs between
+separate runs (memory layout, string hashing, the load of the machine) out of the ratio.
+Control rounds run the same way with statistics off in both pipelines: their median
+ratio (second / first) shows the method's own bias, which should be 1.00.
 
-Reported: the median over repetitions of the ratio of each configuration's process CPU time
-to the ``off`` run of the same repetition (the pipeline is single-threaded; CPU time is
-robust on a shared machine), with wall-clock ratios alongside. Target: ``on`` / ``off``
-at most 1.02.
-
-On a busy machine those ratios scatter by several percent. A second, steadier figure
-models the cost: the per-item cost of a probe, measured in a tight loop (a
+A second figure models the cost: the per-item cost of a probe, measured in a tight loop (a
 ``MapIterator`` over a list, with and without statistics, best of many short runs) times
 the item pulls per P1 line that pass a probe (from ``stats.collect``), over the CPU time
-per line of the ``off`` runs.
+per line without statistics.
 
-Usage: ``python bench/bench_stats.py`` (about 2 minutes), ``--quick``, ``--in-memory``
-(chunks pre-read: no gzip in the timings, so the per-item share of statistics is larger).
+Target: at most 1.02. Usage: ``python bench/bench_stats.py`` (about 2 minutes) or
+``--quick``; ``--in-memory`` serves the chunks from memory (no gzip in the timings, so the
+per-item share of statistics is larger).
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
-from collections.abc import Callable
+import time
 from typing import Any
 
 import _util
 import bench_pipeline
-from _util import Samples, Stopwatch, median, print_table, verdict
+from _util import median, print_table, verdict
 from corpus import build_corpus, read_chunk
 
 from infinibatch_like import stats
 
 TARGET = 1.02
 
-CONFIGS: dict[str, Callable[[Any], None]] = {
-    "off": lambda pipeline: None,
-    "on": stats.enable,
-    "exact": lambda pipeline: stats.enable(pipeline, sample_every=1),
-}
 
-
-def run(library: _util.Library, chunks: list[str], lines: int, config: str) -> tuple[float, float]:
-    """(wall, CPU) seconds to build P1, apply `config` and consume `lines` lines."""
-    gc.collect()
-    watch = Stopwatch()
-    pipeline = bench_pipeline.make_pipeline(library, chunks)
-    CONFIGS[config](pipeline)
+def consume(pipeline: Any, lines: int) -> float:
+    """CPU seconds to take batches from `pipeline` until `lines` lines came."""
+    started = time.process_time()
     seen = 0
     while seen < lines:
         seen += len(next(pipeline))
-    elapsed = watch.read()
-    if config != "off":  # the statistics were really collected
-        assert stats.collect(pipeline)[0]["items_out"] > 0
-    pipeline.close()
-    return elapsed
+    return time.process_time() - started
+
+
+def interleaved_round(
+    library: _util.Library, chunks: list[str], on: int | None, segment: int, pairs: int
+) -> list[float]:
+    """One round: two fresh pipelines (statistics on in pipeline `on`: 0, 1 or None) take
+    turns consuming `segment` lines; the ratio (pipeline `on`, or the second one if None,
+    over the other) of each pair."""
+    pipelines = [bench_pipeline.make_pipeline(library, chunks) for _ in range(2)]
+    if on is not None:
+        stats.enable(pipelines[on])
+    measured = 1 if on is None else on
+    for pipeline in pipelines:  # the first block read, and the first lines
+        consume(pipeline, segment)
+    ratios = []
+    for pair in range(pairs):
+        order = (0, 1) if pair % 2 == 0 else (1, 0)
+        seconds = [0.0, 0.0]
+        for index in order:
+            seconds[index] = consume(pipelines[index], segment)
+        ratios.append(seconds[measured] / seconds[1 - measured])
+    if on is not None:  # the statistics were really collected
+        assert (stats.collect(pipelines[on])[0]["items_out"] or 0) > 0
+    for pipeline in pipelines:
+        pipeline.close()
+    return ratios
 
 
 def probe_cost_ns(items: int = 200_000, reps: int = 15) -> float:
@@ -75,10 +88,10 @@ def probe_cost_ns(items: int = 200_000, reps: int = 15) -> float:
             pipeline = MapIterator(NativeCheckpointableIterator(data), abs)
             if on:
                 stats.enable(pipeline)
-            watch = Stopwatch()
+            started = time.process_time()
             for _ in pipeline:
                 pass
-            best[on] = min(best[on], watch.read()[1])
+            best[on] = min(best[on], time.process_time() - started)
     # two probes (the source's and the map's) per item when on
     return (best[True] - best[False]) / items / 2 * 1e9
 
@@ -97,15 +110,16 @@ def probed_pulls_per_line(library: _util.Library, chunks: list[str], lines: int)
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer lines and repeats")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and pairs")
     parser.add_argument("--lines", type=int, default=None, help="corpus size in lines")
-    parser.add_argument("--measure-lines", type=int, default=None, help="lines per run")
-    parser.add_argument("--reps", type=int, default=None, help="repetitions")
+    parser.add_argument("--segment", type=int, default=20_000, help="lines per segment")
+    parser.add_argument("--pairs", type=int, default=None, help="segment pairs per round")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds with statistics on")
     parser.add_argument("--in-memory", action="store_true", help="read every chunk first")
     args = parser.parse_args(argv)
     corpus_lines = args.lines or (300_000 if args.quick else 1_000_000)
-    measure = args.measure_lines or (150_000 if args.quick else 400_000)
-    reps = args.reps or (4 if args.quick else 9)
+    pairs = args.pairs or (20 if args.quick else 40)
+    rounds = args.rounds or (2 if args.quick else 6)
     chunks = build_corpus(corpus_lines)
     if args.in_memory:
         bench_pipeline._in_memory.update((c, read_chunk(c)) for c in chunks)
@@ -113,50 +127,33 @@ def main(argv: list[str] | None = None) -> int:
     if library is None:
         print("infinibatch_like cannot be imported", file=sys.stderr)
         return 1
-    names = list(CONFIGS)
     print(
-        f"P1 over {corpus_lines:,} lines; {measure:,} lines per run; {reps} repetitions"
-        + ("; chunks served from memory" if args.in_memory else ""),
+        f"P1 over {corpus_lines:,} lines; {rounds} rounds with statistics on and "
+        f"{max(1, rounds // 2)} control rounds, {pairs} pairs of {args.segment:,}-line "
+        "segments each" + ("; chunks served from memory" if args.in_memory else ""),
         flush=True,
     )
-    samples = {name: Samples() for name in names}
-    for rep in range(reps):
-        shift = rep % len(names)
-        for name in names[shift:] + names[:shift]:  # rotate which configuration goes first
-            samples[name].add(run(library, chunks, measure, name))
-        print(f"  repetition {rep + 1}/{reps} done", flush=True)
-    ratios = {
-        name: {
-            clock: median(
-                [
-                    n / d
-                    for n, d in zip(
-                        getattr(samples[name], clock), getattr(samples["off"], clock), strict=True
-                    )
-                ]
-            )
-            for clock in ("cpu", "wall")
-        }
-        for name in names
-    }
-    rows = [
-        [
-            name,
-            median(samples[name].cpu) * 1e9 / measure,
-            ratios[name]["cpu"],
-            ratios[name]["wall"],
-            verdict(ratios[name]["cpu"], TARGET, False) if name == "on" else "",
-        ]
-        for name in names
-    ]
+    on_ratios: list[float] = []
+    control_ratios: list[float] = []
+    for index in range(rounds):
+        on_ratios += interleaved_round(library, chunks, index % 2, args.segment, pairs)
+        if index % 2 == 1 or rounds == 1:
+            control_ratios += interleaved_round(library, chunks, None, args.segment, pairs)
+        print(f"  round {index + 1}/{rounds} done", flush=True)
+    on = median(on_ratios)
+    control = median(control_ratios)
+    per_segment = consume_per_line(library, chunks, args.segment)
     print_table(
-        "statistics cost on P1 (ratios: median over repetitions of run / off run)",
-        ["config", "CPU ns/line", "CPU ratio", "wall ratio", f"target <= {TARGET}"],
-        rows,
+        "statistics cost on P1 (median over interleaved segment pairs of CPU time ratios)",
+        ["measure", "pairs", "ratio", f"target <= {TARGET}"],
+        [
+            ["on / off", len(on_ratios), on, verdict(on, TARGET, False)],
+            ["control: off / off", len(control_ratios), control, ""],
+        ],
     )
     per_item = probe_cost_ns()
-    pulls = probed_pulls_per_line(library, chunks, measure)
-    off_ns = median(samples["off"].cpu) * 1e9 / measure
+    pulls = probed_pulls_per_line(library, chunks, 4 * args.segment)
+    off_ns = per_segment * 1e9 / args.segment
     modelled = 1 + per_item * pulls / off_ns
     print_table(
         "modelled cost (probe ns per item x probed pulls per line / CPU ns per line off)",
@@ -169,12 +166,15 @@ def main(argv: list[str] | None = None) -> int:
         {
             "config": {
                 "corpus_lines": corpus_lines,
-                "measure_lines": measure,
-                "reps": reps,
+                "segment_lines": args.segment,
+                "pairs_per_round": pairs,
+                "rounds": rounds,
                 "in_memory": args.in_memory,
             },
-            "samples": {name: samples[name].summary() for name in names},
-            "ratios": ratios,
+            "on_off_ratios": on_ratios,
+            "control_ratios": control_ratios,
+            "on_off": on,
+            "control": control,
             "model": {
                 "probe_ns_per_item": per_item,
                 "probed_pulls_per_line": pulls,
@@ -185,6 +185,15 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     return 0
+
+
+def consume_per_line(library: _util.Library, chunks: list[str], segment: int) -> float:
+    """Median CPU seconds per `segment` lines of P1 without statistics (after the first)."""
+    pipeline = bench_pipeline.make_pipeline(library, chunks)
+    consume(pipeline, segment)
+    seconds = median([consume(pipeline, segment) for _ in range(5)])
+    pipeline.close()
+    return seconds
 
 
 if __name__ == "__main__":
