@@ -5,9 +5,9 @@ block-wise shuffle (``chunked_dataset_iterator``) -> tokenize (``MapIterator(str
 -> ``BucketedReadaheadBatchIterator``.
 
 The measurement interleaves two P1 pipelines in this one process: each round builds two
-fresh, identical pipelines, switches statistics on in one of them (``stats.enable``, the
-default ``sample_every=128``; in the first-built pipeline in half of the rounds, in the
-second-built one in the other half), and then lets them take turns consuming
+fresh, identical pipelines, switches statistics on in one of them (``stats.enable`` with
+its default ``sample_every``, or ``--sample-every``; in the first-built pipeline in half of
+the rounds, in the second-built one in the other half), and then lets them take turns consuming
 ``--segment`` lines each, ``--pairs`` times, the order within a pair alternating. The
 figure is the median over all pairs of (CPU time of the segment with statistics) / (CPU
 time of the segment without). Interleaving in one process keeps what differs between
@@ -28,6 +28,7 @@ per-item share of statistics is larger).
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import time
 from typing import Any
@@ -40,6 +41,7 @@ from corpus import build_corpus, read_chunk
 from infinibatch_like import stats
 
 TARGET = 1.02
+DEFAULT_SAMPLE_EVERY = inspect.signature(stats.enable).parameters["sample_every"].default
 
 
 def consume(pipeline: Any, lines: int) -> float:
@@ -52,14 +54,19 @@ def consume(pipeline: Any, lines: int) -> float:
 
 
 def interleaved_round(
-    library: _util.Library, chunks: list[str], on: int | None, segment: int, pairs: int
+    library: _util.Library,
+    chunks: list[str],
+    on: int | None,
+    segment: int,
+    pairs: int,
+    sample_every: int,
 ) -> list[float]:
     """One round: two fresh pipelines (statistics on in pipeline `on`: 0, 1 or None) take
     turns consuming `segment` lines; the ratio (pipeline `on`, or the second one if None,
     over the other) of each pair."""
     pipelines = [bench_pipeline.make_pipeline(library, chunks) for _ in range(2)]
     if on is not None:
-        stats.enable(pipelines[on])
+        stats.enable(pipelines[on], sample_every)
     measured = 1 if on is None else on
     for pipeline in pipelines:  # the first block read, and the first lines
         consume(pipeline, segment)
@@ -77,7 +84,7 @@ def interleaved_round(
     return ratios
 
 
-def probe_cost_ns(items: int = 200_000, reps: int = 15) -> float:
+def probe_cost_ns(sample_every: int, items: int = 200_000, reps: int = 15) -> float:
     """ns per item that statistics add to one stage (a map over a list), best of `reps`."""
     from infinibatch_like.iterators import MapIterator, NativeCheckpointableIterator
 
@@ -87,7 +94,7 @@ def probe_cost_ns(items: int = 200_000, reps: int = 15) -> float:
         for on in (False, True):
             pipeline = MapIterator(NativeCheckpointableIterator(data), abs)
             if on:
-                stats.enable(pipeline)
+                stats.enable(pipeline, sample_every)
             started = time.process_time()
             for _ in pipeline:
                 pass
@@ -116,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=None, help="segment pairs per round")
     parser.add_argument("--rounds", type=int, default=None, help="rounds with statistics on")
     parser.add_argument("--in-memory", action="store_true", help="read every chunk first")
+    parser.add_argument("--sample-every", type=int, default=None, help="stats.enable's")
     args = parser.parse_args(argv)
+    sample_every = args.sample_every or DEFAULT_SAMPLE_EVERY
     corpus_lines = args.lines or (300_000 if args.quick else 1_000_000)
     pairs = args.pairs or (20 if args.quick else 40)
     rounds = args.rounds or (2 if args.quick else 6)
@@ -136,9 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     on_ratios: list[float] = []
     control_ratios: list[float] = []
     for index in range(rounds):
-        on_ratios += interleaved_round(library, chunks, index % 2, args.segment, pairs)
+        on_ratios += interleaved_round(
+            library, chunks, index % 2, args.segment, pairs, sample_every
+        )
         if index % 2 == 1 or rounds == 1:
-            control_ratios += interleaved_round(library, chunks, None, args.segment, pairs)
+            control_ratios += interleaved_round(
+                library, chunks, None, args.segment, pairs, sample_every
+            )
         print(f"  round {index + 1}/{rounds} done", flush=True)
     on = median(on_ratios)
     control = median(control_ratios)
@@ -147,18 +160,18 @@ def main(argv: list[str] | None = None) -> int:
         "statistics cost on P1 (median over interleaved segment pairs of CPU time ratios)",
         ["measure", "pairs", "ratio", f"target <= {TARGET}"],
         [
-            ["on / off", len(on_ratios), on, verdict(on, TARGET, False)],
-            ["control: off / off", len(control_ratios), control, ""],
+            ["on / off", len(on_ratios), f"{on:.4f}", verdict(on, TARGET, False)],
+            ["control: off / off", len(control_ratios), f"{control:.4f}", ""],
         ],
     )
-    per_item = probe_cost_ns()
+    per_item = probe_cost_ns(sample_every)
     pulls = probed_pulls_per_line(library, chunks, 4 * args.segment)
     off_ns = per_segment * 1e9 / args.segment
     modelled = 1 + per_item * pulls / off_ns
     print_table(
         "modelled cost (probe ns per item x probed pulls per line / CPU ns per line off)",
         ["probe ns/item", "probed pulls/line", "CPU ns/line off", "on/off", f"target <= {TARGET}"],
-        [[per_item, pulls, off_ns, modelled, verdict(modelled, TARGET, False)]],
+        [[per_item, pulls, off_ns, f"{modelled:.4f}", verdict(modelled, TARGET, False)]],
     )
     suffix = ("-quick" if args.quick else "") + ("-in-memory" if args.in_memory else "")
     _util.write_result(
@@ -170,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                 "pairs_per_round": pairs,
                 "rounds": rounds,
                 "in_memory": args.in_memory,
+                "sample_every": sample_every,
             },
             "on_off_ratios": on_ratios,
             "control_ratios": control_ratios,
