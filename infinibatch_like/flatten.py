@@ -149,7 +149,8 @@ class _ReadAhead:
 
     def gauges(self) -> Gauges:
         """Collections read and waiting over the read-ahead, those being read (the current
-        one included), the readers' busy time on collections not yet done."""
+        one included), the most reader threads at once (those ahead and the current one),
+        the readers' busy time on collections not yet done."""
         now = time.perf_counter()
         reads = [read for _, _, read in list(self.pending)]
         ready = sum(not read.reading() for read in reads)
@@ -158,7 +159,7 @@ class _ReadAhead:
             reads.append(current)
         in_flight = sum(read.reading() for read in reads)
         busy = sum(read.busy_s(now) for read in reads)
-        return Gauges(ready / self._capacity, in_flight, self._capacity, busy)
+        return Gauges(ready / self._capacity, in_flight, self._capacity + 1, busy)
 
 
 class SelectManyIterator(BudgetedStage[Any]):

@@ -431,7 +431,7 @@ def test_read_ahead_full_when_the_consumer_stops_pulling() -> None:
     wait_for(lambda: entry_of(pipeline, "SelectManyIterator")["in_flight"] == 0, "the reads")
     entry = entry_of(pipeline, "SelectManyIterator")
     assert entry["queue_fill"] == 1.0  # chunks 1, 2, 3 read and waiting
-    assert entry["workers"] == 3
+    assert entry["workers"] == 4  # three ahead, and chunk 0's reader
     assert entry["worker_busy_s"] >= 4 * 0.02  # the current chunk and the three ahead
     assert list(pipeline) == list(range(1, 80))
     entry = entry_of(pipeline, "SelectManyIterator")
@@ -511,7 +511,7 @@ def test_read_ahead_gauges_come_back_from_a_worker_process(
         next(pipeline)  # its message says: chunk 0 read, chunks 1 and 2 being read
         entry = entry_of(pipeline, "SelectManyIterator")
         assert entry["runs_in"] == "worker process of PrefetchIterator"
-        assert (entry["queue_fill"], entry["in_flight"], entry["workers"]) == (0.0, 2, 2)
+        assert (entry["queue_fill"], entry["in_flight"], entry["workers"]) == (0.0, 2, 3)
         time.sleep(0.3)
         gate.touch()
         time.sleep(0.3)  # chunks 1 and 2 are read while the worker waits for room

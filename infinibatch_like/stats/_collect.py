@@ -48,7 +48,8 @@ class StageStats(TypedDict):
     time pulling its source; a chunk read-ahead's (``SelectManyIterator(read_ahead=n)``)
     reader threads' time reading, summed over them (reads in progress included)."""
     workers: int | None
-    """A parallel map's worker count; a chunk read-ahead's `read_ahead`."""
+    """A parallel map's worker count; for a chunk read-ahead, the most reader threads at
+    once: ``read_ahead + 1`` (the chunks ahead and the one being yielded)."""
     queue_fill: float | None
     """Buffer fill (0..1) at the time of the call: a prefetcher's items produced and not
     yet taken over its `buffer_size` (at most 1); a parallel map's tasks in flight over
