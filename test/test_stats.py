@@ -189,7 +189,7 @@ def test_states_and_items_are_the_same_with_and_without_statistics() -> None:
         assert stats.collect(measured)[0]["items_out"] == 120
 
 
-@pytest.mark.parametrize("index", [0, 1, 2])
+@pytest.mark.parametrize("index", [0, 1, 2, 3])
 def test_contract_holds_with_statistics_on(index: int) -> None:
     def factory() -> it.CheckpointableIterator[Any]:
         pipeline = [
@@ -201,6 +201,9 @@ def test_contract_holds_with_statistics_on(index: int) -> None:
                 [it.NativeCheckpointableIterator(list(range(40))), it.RandomIterator(seed=1)],
                 [1, 2],
                 seed=5,
+            ),
+            lambda: it.SelectManyIterator(  # chunks read ahead in timed threads
+                it.NativeCheckpointableIterator([[1, 2], [], [3, 4, 5]] * 9), read_ahead=2
             ),
         ][index]()
         stats.enable(pipeline, sample_every=2)
