@@ -69,8 +69,6 @@ class StageProbe:
         """Summed compute time of the stage's own workers (a parallel map's transform)."""
         self.remote_gauges: Gauges | None = None
         """The stage's gauges as a worker process last sent them (the stage runs there)."""
-        self.runner: Any = None
-        """A background stage's runner, read for its gauges."""
 
     @property
     def items_out(self) -> int:
@@ -84,7 +82,6 @@ class StageProbe:
         """Wrap `stage`'s item iterator (after each restore); idempotent."""
         runner = getattr(stage, "_runner", None)
         if runner is not None:
-            self.runner = runner
             runner.probe = self
         if stage._iterator is not self.wrapped:
             self.wrapped = stage._iterator = chain.from_iterable(self._stretches(stage._iterator))
