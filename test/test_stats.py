@@ -623,3 +623,20 @@ def test_sharded_stages_are_pooled_per_worker_and_the_slow_one_named(workers: in
         feeds = [e for e in entries if e["stage"] == "PrefetchIterator"]
         assert [(e["queue_fill"], e["in_flight"]) for e in feeds] == [(0.0, 0)] * 2
         assert [e["items_out"] for e in feeds] == [24, 24]  # 20 batches, 4 shard ends each
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_gauges_of_a_parallel_map_in_a_worker_process(start_method: str) -> None:
+    source = it.NativeCheckpointableIterator(list(range(80)))
+    mapped = it.ParallelMapIterator(source, slow, 2, 4, mode="thread")  # 4 tasks in flight
+    pipeline = it.PrefetchIterator(mapped, 1, start_method=start_method)
+    with pipeline:
+        stats.enable(pipeline)
+        assert next(pipeline) == 0  # sent right after the first task's results: 4 more out
+        entry = entry_of(pipeline, "ParallelMapIterator")
+        assert entry["runs_in"] == "worker process of PrefetchIterator"
+        assert (entry["queue_fill"], entry["in_flight"], entry["workers"]) == (1.0, 16, 2)
+        assert list(pipeline) == list(range(1, 80))
+        entry = entry_of(pipeline, "ParallelMapIterator")
+    assert (entry["queue_fill"], entry["in_flight"]) == (0.0, 0)
+    assert entry["worker_busy_s"] >= 80 * SLOW_S
