@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from itertools import chain, compress, islice, repeat
 from operator import length_hint
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from ._base import CheckpointableIterator, Stage
 
@@ -67,9 +67,8 @@ class StageProbe:
         self.remote_items = 0
         self.worker_busy_s = 0.0
         """Summed compute time of the stage's own workers (a parallel map's transform)."""
-        self.remote_queue_fill: float | None = None
-        self.runner: Any = None
-        """A background stage's runner, read for its gauges."""
+        self.remote_gauges: Gauges | None = None
+        """The stage's gauges as a worker process last sent them (the stage runs there)."""
 
     @property
     def items_out(self) -> int:
@@ -83,7 +82,6 @@ class StageProbe:
         """Wrap `stage`'s item iterator (after each restore); idempotent."""
         runner = getattr(stage, "_runner", None)
         if runner is not None:
-            self.runner = runner
             runner.probe = self
         if stage._iterator is not self.wrapped:
             self.wrapped = stage._iterator = chain.from_iterable(self._stretches(stage._iterator))
@@ -200,18 +198,47 @@ def probing(source: CheckpointableIterator[Any]) -> int:
     return 0 if probe is None else probe.sample_every
 
 
-Delta = tuple[list[Counters], float | None]
-"""Counters sent by a worker process: per stage of its source (depth first), and the
-fill of its outbound buffer (0..1)."""
+class Gauges(NamedTuple):
+    """What a stage with buffers or workers of its own shows at this moment (read when
+    statistics are collected, never counted per item). A stage provides them with a
+    ``_gauges()`` method returning Gauges, or None while it has nothing running here."""
+
+    queue_fill: float | None
+    """Its buffer's fill (0..1)."""
+    in_flight: int | None
+    """Items (for a chunk read-ahead: chunks) taken up and not yet delivered."""
+    workers: int | None = None
+    """Its workers (threads or processes) that work concurrently."""
+    busy_s: float = 0.0
+    """Its workers' busy time on work in progress, not yet in its probe's counters."""
+
+
+def gauges_of(stage: object) -> Gauges | None:
+    """`stage`'s gauges now, read in this process (None if it has none running here)."""
+    read = getattr(stage, "_gauges", None)
+    return None if read is None else read()
+
+
+def current_gauges(stage: object) -> Gauges | None:
+    """`stage`'s gauges: read here if it runs here, else as its worker process sent them."""
+    gauges = gauges_of(stage)
+    probe = probe_of(stage)
+    return gauges if gauges is not None or probe is None else probe.remote_gauges
+
+
+Delta = tuple[list[Counters], list[Gauges | None]]
+"""What a worker process sends: per stage of its source (depth first), the counters since
+the previous delta and the gauges now."""
 
 
 class WorkerStats:
     """In a worker process: the counters of its copy of the source, as deltas at most
-    every `REPORT_S` seconds (attached to outgoing messages)."""
+    every `REPORT_S` seconds (attached to outgoing messages), with the stages' gauges."""
 
     def __init__(self, source: CheckpointableIterator[Any], sample_every: int) -> None:
         instrument(source, sample_every)  # fresh probes: forked ones hold the parent's counts
-        self._probes = [probe_of(stage) for stage in walk(source)]
+        self._stages = list(walk(source))
+        self._probes = [probe_of(stage) for stage in self._stages]
         self._sent: list[Counters] = [(0, 0, 0.0, 0.0, 0.0) for _ in self._probes]
         self._due = 0.0
 
@@ -219,8 +246,8 @@ class WorkerStats:
         """Whether a delta should go out with the next message."""
         return time.monotonic() >= self._due
 
-    def delta(self, queue_fill: float | None) -> Delta:
-        """The counters since the previous delta."""
+    def delta(self) -> Delta:
+        """The counters since the previous delta, and the gauges now."""
         self._due = time.monotonic() + REPORT_S
         out = []
         for index, probe in enumerate(self._probes):
@@ -236,18 +263,15 @@ class WorkerStats:
                 )
             )
             self._sent[index] = now
-        return out, queue_fill
+        return out, [current_gauges(stage) for stage in self._stages]
 
 
-def absorb_delta(
-    source: CheckpointableIterator[Any], owner: StageProbe | None, delta: Delta
-) -> None:
-    """Add a worker's `delta` to the probes of the consumer's copy of `source`, and the
-    worker's buffer fill to `owner` (the background stage's probe)."""
-    counters, queue_fill = delta
-    for stage, values in zip(walk(source), counters, strict=False):
+def absorb_delta(source: CheckpointableIterator[Any], delta: Delta) -> None:
+    """Add a worker's `delta` to the probes of the consumer's copy of `source`, whose
+    stages then show the gauges it sent."""
+    counters, gauges = delta
+    for stage, values, stage_gauges in zip(walk(source), counters, gauges, strict=False):
         probe = probe_of(stage)
         if probe is not None:
             probe.absorb(values)
-    if owner is not None:
-        owner.remote_queue_fill = queue_fill
+            probe.remote_gauges = stage_gauges

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
@@ -22,6 +23,7 @@ from ._base import (
     source_state,
 )
 from ._callables import NOTE_PREFIX, add_note, has_library_note, short_repr
+from ._probe import Gauges, StageProbe
 from .records import BadRecord, Budget, BudgetedStage, OnError, failure, tolerant
 
 Selector = Callable[[Any], Iterable[Any]]
@@ -65,7 +67,7 @@ class _Read:
     """``_select(selector, name, item)`` drained into a list in a daemon thread; `result`
     waits for it. The items read before an error are kept and yielded before it; an error
     of the selector itself (opening the chunk) is raised by `result`. With `longest_run`,
-    the records are read `tolerant`ly.
+    the records are read `tolerant`ly. If `timed`, the thread's busy time is measured.
 
     zlib, file and network reads release the GIL, so reading and decompressing the next
     chunks overlaps with the consumer's work."""
@@ -76,18 +78,23 @@ class _Read:
         selector_name: str,
         item: Any,
         longest_run: int | None = None,
+        timed: bool = False,
     ) -> None:
         self._selector, self._selector_name, self._item = selector, selector_name, item
         self._longest_run = longest_run
         self._items: list[Any] = []
         self._error: BaseException | None = None
         self._opened = False
+        self._timed = timed
+        self._started = self._finished = 0.0
         self._thread = threading.Thread(
             target=self._run, name="infinibatch_like.SelectManyIterator.reader", daemon=True
         )
         self._thread.start()
 
     def _run(self) -> None:
+        if self._timed:
+            self._started = time.perf_counter()
         try:
             inner = _select(self._selector, self._selector_name, self._item)
             self._opened = True
@@ -95,6 +102,18 @@ class _Read:
             self._items.extend(inner if run is None else tolerant(inner, run))
         except BaseException as error:
             self._error = error
+        finally:
+            if self._timed:
+                self._finished = time.perf_counter()
+
+    def reading(self) -> bool:
+        """Whether its thread is still reading."""
+        return self._thread.is_alive()
+
+    def busy_s(self, now: float) -> float:
+        """Seconds its thread has read so far (until `now` while reading; 0 if not timed)."""
+        started, finished = self._started, self._finished
+        return 0.0 if not started else (finished or now) - started
 
     def result(self) -> Iterator[Any]:
         while self._thread.is_alive():
@@ -110,6 +129,37 @@ class _Read:
 
     def wait(self) -> None:
         self._thread.join()
+
+
+class _ReadAhead:
+    """The collections that a SelectManyIterator reads ahead: `pending` (read or being
+    read, in order) and `current` (the one being yielded, perhaps still being read).
+    Statistics read its gauges; a read's busy time goes into `probe` once it is done."""
+
+    def __init__(self, capacity: int, probe: StageProbe | None) -> None:
+        self.pending: deque[tuple[State, Any, _Read]] = deque()
+        self.current: _Read | None = None
+        self._capacity, self._probe = capacity, probe
+
+    def advance(self, read: _Read | None) -> None:
+        """`read` (popped from `pending`) becomes the current one; the previous is done."""
+        done, self.current = self.current, read
+        if done is not None and self._probe is not None:
+            self._probe.worker_busy_s += done.busy_s(time.perf_counter())
+
+    def gauges(self) -> Gauges:
+        """Collections read and waiting over the read-ahead, those being read (the current
+        one included), the most reader threads at once (those ahead and the current one),
+        the readers' busy time on collections not yet done."""
+        now = time.perf_counter()
+        reads = [read for _, _, read in list(self.pending)]
+        ready = sum(not read.reading() for read in reads)
+        current = self.current
+        if current is not None:
+            reads.append(current)
+        in_flight = sum(read.reading() for read in reads)
+        busy = sum(read.busy_s(now) for read in reads)
+        return Gauges(ready / self._capacity, in_flight, self._capacity + 1, busy)
 
 
 class SelectManyIterator(BudgetedStage[Any]):
@@ -188,6 +238,7 @@ class SelectManyIterator(BudgetedStage[Any]):
         self._selector = collection_selector
         self._selector_name = str(selector_name)
         self._on_empty = on_empty
+        self._window: _ReadAhead | None = None
         self._restore(None)
 
     def _state(self) -> State:
@@ -207,6 +258,7 @@ class SelectManyIterator(BudgetedStage[Any]):
         if self._consumed < 0:
             raise self.mismatch(f"'consumed' must be >= 0, got {self._consumed}")
         self._base = self._restore_budget(state) - self._consumed
+        self._window = None
         collections = self._read_now() if self._read_ahead == 0 else self._read_early()
         if self._budget is None:
             self._iterator = self._generate(collections, self._consumed)
@@ -235,12 +287,19 @@ class SelectManyIterator(BudgetedStage[Any]):
                 return
             yield anchor, item, partial(select, item)
 
+    def _gauges(self) -> Gauges | None:
+        """The read-ahead's gauges (None without read-ahead or before it started here)."""
+        window = self._window
+        return None if window is None else window.gauges()
+
     def _read_early(self) -> Collections:
         """As `_read_now`, with the next `read_ahead` collections read in threads."""
         source, selector = self._source, self._selector
         run = None if self._budget is None else self._budget.policy.longest_run
         pull = fast_iterator(source)
-        pending: deque[tuple[State, Any, _Read]] = deque()
+        timed = self._probe is not None
+        self._window = window = _ReadAhead(self._read_ahead, self._probe)
+        pending = window.pending
         exhausted = False
         failure: Exception | None = None  # the source's, raised where it happened
         try:
@@ -255,16 +314,22 @@ class SelectManyIterator(BudgetedStage[Any]):
                     except Exception as error:
                         exhausted, failure = True, error
                         break
-                    pending.append((anchor, item, _Read(selector, self._selector_name, item, run)))
+                    read = _Read(selector, self._selector_name, item, run, timed)
+                    pending.append((anchor, item, read))
                 if not pending:
+                    window.advance(None)
                     if failure is not None:
                         raise failure
                     return
                 anchor, item, read = pending.popleft()
+                window.advance(read)
                 yield anchor, item, read.result
         finally:
             for _, _, read in pending:  # no reader thread outlives the stage's iteration
                 read.wait()
+            while pending:  # their time counts
+                window.advance(pending.popleft()[2])
+            window.advance(None)
 
     def _generate(self, collections: Collections, skip: int) -> Iterator[Any]:
         on_empty = self._on_empty

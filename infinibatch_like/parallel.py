@@ -24,6 +24,7 @@ from ._base import (
     require_int,
     source_state,
 )
+from ._probe import Gauges
 from .records import (
     BadRecord,
     Budget,
@@ -144,6 +145,12 @@ class _MapRunner(Runner):
             except ProcessesRefused as error:
                 warn_thread_fallback(name, error)
         return ThreadPool(self.transform, self.num_workers, name)
+
+    def _gauges(self) -> Gauges:
+        """Tasks in flight over `tasks_in_flight`, their items, the workers."""
+        tasks = list(self.in_flight)
+        in_flight = sum(len(task.items) for task in tasks)
+        return Gauges(len(tasks) / self.tasks_in_flight, in_flight, self.num_workers)
 
     def stop(self) -> None:
         pool, self.pool, self.dispatcher = self.pool, None, None

@@ -16,7 +16,7 @@ from ._background.lifecycle import ProcessesRefused, get_context, warn_thread_fa
 from ._background.messages import End
 from ._background.stage import BackgroundStage, Runner
 from ._base import CheckpointableIterator, require_checkpointable, require_int
-from ._probe import absorb_delta, probing
+from ._probe import Gauges, absorb_delta, probing
 
 _MODES = ("process", "thread")
 
@@ -35,9 +35,11 @@ class _PrefetchRunner(Runner):
         buffer_in_main_process: bool,
     ) -> None:
         super().__init__(source, snapshot_every)
+        self.buffer_size = buffer_size
+        self.started_at = 0
+        """The cursor's position when the worker started (it produces from there)."""
         # Batches small enough that the buffer holds several of them.
         self.max_batch = max(1, min(64, buffer_size // 4, snapshot_every))
-        self.buffer_size = buffer_size
         self.slots = max(1, -(-buffer_size // self.max_batch))
         self.mode, self.start_method, self.warn_empty = mode, start_method, warn_empty
         self.buffer_in_main_process = buffer_in_main_process
@@ -45,6 +47,7 @@ class _PrefetchRunner(Runner):
         self.sources_in_worker_process = mode == "process"
 
     def _start(self) -> None:
+        self.started_at = self.cursor.consumed
         production = Production(
             self.source,
             self.cursor.consumed,
@@ -69,6 +72,20 @@ class _PrefetchRunner(Runner):
             return buffered_channel(process, self.slots, self.warn_empty)
         return ProcessChannel(production, self.buffer_size, self.warn_empty, self.start_method)
 
+    def _gauges(self) -> Gauges:
+        """Items in flight: produced by the worker and not yet taken by the consumer (in
+        its buffer: a worker process's outbox and pipe included; the rest of the batch
+        being taken); the fill: those over `buffer_size` (at most 1)."""
+        channel = self.channel
+        if channel is None:  # the source ended (or failed): nothing waits
+            return Gauges(0.0, 0)
+        produced = channel.produced()
+        if produced is None:  # a worker thread: what waits in the queue
+            in_flight = channel.waiting() + self.cursor.unserved()
+        else:
+            in_flight = produced - (self.cursor.position() - self.started_at)
+        return Gauges(min(1.0, in_flight / self.buffer_size), in_flight)
+
     def stop(self) -> None:
         channel, self.channel = self.channel, None
         if channel is not None:
@@ -82,7 +99,7 @@ class _PrefetchRunner(Runner):
             while True:
                 message = channel.receive()
                 if message.stats is not None:  # from a worker process, now and then
-                    absorb_delta(self.source, self.probe, message.stats)
+                    absorb_delta(self.source, message.stats)
                 if isinstance(message, End):
                     cursor.snapshot(cursor.consumed, message.state)
                     return

@@ -93,6 +93,8 @@ class _ShardGroup(Stage[tuple[int, bool, Any]]):
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"shards": list, "next": int}
+    _replica_sources: ClassVar[bool] = True
+    """Its sources are copies of one pipeline (statistics add them up)."""
 
     def __init__(
         self, factory: ShardFactory, shards: list[int], num_shards: int, max_replay: int

@@ -189,7 +189,7 @@ def test_states_and_items_are_the_same_with_and_without_statistics() -> None:
         assert stats.collect(measured)[0]["items_out"] == 120
 
 
-@pytest.mark.parametrize("index", [0, 1, 2])
+@pytest.mark.parametrize("index", [0, 1, 2, 3])
 def test_contract_holds_with_statistics_on(index: int) -> None:
     def factory() -> it.CheckpointableIterator[Any]:
         pipeline = [
@@ -201,6 +201,9 @@ def test_contract_holds_with_statistics_on(index: int) -> None:
                 [it.NativeCheckpointableIterator(list(range(40))), it.RandomIterator(seed=1)],
                 [1, 2],
                 seed=5,
+            ),
+            lambda: it.SelectManyIterator(  # chunks read ahead in timed threads
+                it.NativeCheckpointableIterator([[1, 2], [], [3, 4, 5]] * 9), read_ahead=2
             ),
         ][index]()
         stats.enable(pipeline, sample_every=2)
@@ -401,3 +404,239 @@ def test_rare_long_steps_are_timed_in_full(read_ahead: int) -> None:
     else:  # read in threads: what shows is the wait for them, at least for the first one
         assert reading["self_s"] >= READ_TIMES[0]
     assert entries[0]["time_s"] >= entries[1]["time_s"] >= reading["time_s"]
+
+
+# -- gauges: buffers and workers, read at collect time -------------------------------------
+
+
+def wait_for(condition: Any, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def entry_of(pipeline: it.CheckpointableIterator[Any], stage: str) -> Any:
+    (entry,) = [e for e in stats.collect(pipeline) if e["stage"] == stage]
+    return entry
+
+
+def chunk_of(chunk: int) -> list[int]:
+    time.sleep(0.02)
+    return list(range(10 * chunk, 10 * chunk + 10))
+
+
+def test_read_ahead_full_when_the_consumer_stops_pulling() -> None:
+    chunks = it.NativeCheckpointableIterator(list(range(8)))
+    pipeline = it.SelectManyIterator(chunks, chunk_of, read_ahead=3)
+    stats.enable(pipeline)
+    assert next(pipeline) == 0
+    wait_for(lambda: entry_of(pipeline, "SelectManyIterator")["in_flight"] == 0, "the reads")
+    entry = entry_of(pipeline, "SelectManyIterator")
+    assert entry["queue_fill"] == 1.0  # chunks 1, 2, 3 read and waiting
+    assert entry["workers"] == 4  # three ahead, and chunk 0's reader
+    assert entry["worker_busy_s"] >= 4 * 0.02  # the current chunk and the three ahead
+    assert list(pipeline) == list(range(1, 80))
+    entry = entry_of(pipeline, "SelectManyIterator")
+    assert (entry["queue_fill"], entry["in_flight"]) == (0.0, 0)  # none left
+    assert entry["worker_busy_s"] >= 8 * 0.02  # every read counted once it is done
+    assert entry["worker_busy_s"] < entry["wall_s"] * 4 + 0.1
+
+
+class GatedReader:
+    """Reads chunk 0 at once and the others once `gate` is open (a threading.Event, or a
+    file's path when the reader runs in a worker process)."""
+
+    def __init__(self, gate: Any, item: Any = None) -> None:
+        self.gate, self.item = gate, item
+
+    def __call__(self, chunk: int) -> list[Any]:
+        if chunk:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not self._open():
+                time.sleep(0.005)
+        if self.item is not None:
+            return [self.item] * 40
+        return list(range(10 * chunk, 10 * chunk + 10))
+
+    def _open(self) -> bool:
+        return bool(
+            self.gate.is_set() if hasattr(self.gate, "is_set") else Path(self.gate).exists()
+        )
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_a_slow_reader_shows_chunks_in_flight(prefetch: bool) -> None:
+    import threading
+
+    gate = threading.Event()
+    chunks = it.NativeCheckpointableIterator(list(range(6)))
+    lines = it.SelectManyIterator(chunks, GatedReader(gate), read_ahead=2)
+    pipeline: it.CheckpointableIterator[int] = (
+        it.PrefetchIterator(lines, 30, mode="thread") if prefetch else lines
+    )
+    # In this thread, the consumer is in chunk 0, and chunks 1 and 2 are being read; in
+    # a worker thread, the worker waits for chunk 1 (current), and 2 and 3 are read.
+    expected = 3 if prefetch else 2
+    with pipeline:
+        try:
+            stats.enable(pipeline)
+            assert next(pipeline) == 0
+            reading = lambda: entry_of(pipeline, "SelectManyIterator")["in_flight"]  # noqa: E731
+            wait_for(lambda: reading() == expected, f"{expected} chunks being read")
+            time.sleep(0.05)
+            entry = entry_of(pipeline, "SelectManyIterator")
+            assert (entry["queue_fill"], entry["in_flight"]) == (0.0, expected)
+            assert entry["worker_busy_s"] >= expected * 0.05  # reads in progress count
+            text = stats.report(pipeline)
+            assert f"buffer 0 % full, {expected} chunks in flight" in text
+            assert "readers busy" in text
+        finally:
+            gate.set()
+        assert list(pipeline) == list(range(1, 60))
+        entry = entry_of(pipeline, "SelectManyIterator")
+    assert (entry["queue_fill"], entry["in_flight"]) == (0.0, 0)
+    assert entry["worker_busy_s"] >= expected * 0.05
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_read_ahead_gauges_come_back_from_a_worker_process(
+    start_method: str, tmp_path: Path
+) -> None:
+    gate = tmp_path / "open"
+    chunks = it.NativeCheckpointableIterator(list(range(4)))
+    # Items of 16 KiB: the worker's outbox (1 item) and pipe soon hold all they can.
+    reader = GatedReader(str(gate), bytes(16384))
+    lines = it.SelectManyIterator(chunks, reader, read_ahead=2)
+    pipeline = it.PrefetchIterator(lines, 1, start_method=start_method)
+    with pipeline:
+        stats.enable(pipeline)
+        next(pipeline)  # its message says: chunk 0 read, chunks 1 and 2 being read
+        entry = entry_of(pipeline, "SelectManyIterator")
+        assert entry["runs_in"] == "worker process of PrefetchIterator"
+        assert (entry["queue_fill"], entry["in_flight"], entry["workers"]) == (0.0, 2, 3)
+        time.sleep(0.3)
+        gate.touch()
+        time.sleep(0.3)  # chunks 1 and 2 are read while the worker waits for room
+        taken = 1
+        while entry_of(pipeline, "SelectManyIterator")["queue_fill"] != 1.0:
+            next(pipeline)  # the worker goes on in chunk 0 and reports now and then
+            taken += 1
+            assert taken < 40, "no report of a full read-ahead while in chunk 0"
+        assert entry_of(pipeline, "SelectManyIterator")["in_flight"] == 0
+        assert sum(1 for _ in pipeline) == 160 - taken
+        entry = entry_of(pipeline, "SelectManyIterator")
+    assert (entry["queue_fill"], entry["in_flight"]) == (0.0, 0)  # as sent with the end
+    assert entry["worker_busy_s"] >= 2 * 0.3  # chunks 1 and 2 waited for the gate
+
+
+@pytest.mark.parametrize(
+    ("mode", "start_method", "in_main"),
+    [
+        ("thread", None, False),
+        ("process", "fork", False),
+        ("process", "fork", True),
+        ("process", "spawn", False),
+    ],
+)
+def test_prefetch_items_in_flight(mode: str, start_method: str | None, in_main: bool) -> None:
+    source = it.NativeCheckpointableIterator(list(range(30)))
+    pipeline = it.PrefetchIterator(
+        source, 100, in_main, mode=mode, start_method=start_method, snapshot_every=7
+    )
+    with pipeline:
+        stats.enable(pipeline)
+        assert [next(pipeline) for _ in range(3)] == [0, 1, 2]
+        # the worker produces the rest, which waits for the consumer
+        wait_for(lambda: entry_of(pipeline, "PrefetchIterator")["in_flight"] == 27, "27 items")
+        assert entry_of(pipeline, "PrefetchIterator")["queue_fill"] == pytest.approx(0.27)
+        assert [next(pipeline) for _ in range(5)] == [3, 4, 5, 6, 7]
+        assert entry_of(pipeline, "PrefetchIterator")["in_flight"] == 22
+        state = pipeline.getstate()
+        pipeline.setstate(state)  # a restarted worker counts from its restart
+        assert next(pipeline) == 8
+        wait_for(lambda: entry_of(pipeline, "PrefetchIterator")["in_flight"] == 21, "21 items")
+        assert list(pipeline) == list(range(9, 30))
+        entry = entry_of(pipeline, "PrefetchIterator")
+    assert (entry["queue_fill"], entry["in_flight"]) == (0.0, 0)
+
+
+def test_a_full_thread_prefetch_counts_the_batch_being_taken() -> None:
+    pipeline = it.PrefetchIterator(it.RandomIterator(seed=1), 8, mode="thread")
+    with pipeline:
+        stats.enable(pipeline)
+        next(pipeline)  # batches of 1, then of 2: four of them fill the 4 slots
+        wait_for(lambda: entry_of(pipeline, "PrefetchIterator")["in_flight"] == 8, "8 items")
+        assert entry_of(pipeline, "PrefetchIterator")["queue_fill"] == 1.0
+        next(pipeline)  # half of a batch taken: its other item, and a new batch in the queue
+        wait_for(lambda: entry_of(pipeline, "PrefetchIterator")["in_flight"] == 9, "9 items")
+        assert entry_of(pipeline, "PrefetchIterator")["queue_fill"] == 1.0
+
+
+# -- sharded pipelines ---------------------------------------------------------------------
+
+
+def shard_with_slow_middle(shard: int, num_shards: int) -> it.CheckpointableIterator[Any]:
+    source = it.NativeCheckpointableIterator(list(range(100 * shard, 100 * shard + 20)))
+    return it.FixedBatchIterator(it.MapIterator(it.MapIterator(source, add_one), slow), 4)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_sharded_stages_are_pooled_per_worker_and_the_slow_one_named(workers: int) -> None:
+    from infinibatch_like.sharded import ShardedIterator
+
+    pipeline = ShardedIterator(
+        shard_with_slow_middle, 8, 0, 1, workers=workers, start_method="fork"
+    )
+    with pipeline:
+        stats.enable(pipeline)
+        assert sum(len(batch) for batch in pipeline) == 160
+        entries = stats.collect(pipeline)
+        text = stats.report(pipeline)
+    busiest = stats.limiting(entries)
+    assert busiest is not None
+    group = "ShardedIterator.source > _ShardGroup"
+    if workers:  # the workers do the same work: either may be the busiest
+        worker = busiest["path"][len("ShardedIterator.sources[") :][0]
+        assert worker in "01"
+        group = f"ShardedIterator.sources[{worker}] > PrefetchIterator.source > _ShardGroup"
+    slow_pattern = f"{group}.sources[*] > FixedBatchIterator.source > MapIterator"
+    assert busiest["path"] == slow_pattern, text
+    copies = [e for e in entries if e["pattern"] == slow_pattern]
+    assert len(copies) == 8 // max(1, workers)  # the shards of one worker
+    assert [e["path"] for e in copies] == [
+        f"{group}.sources[{index}] > FixedBatchIterator.source > MapIterator"
+        for index in range(len(copies))
+    ]
+    assert busiest["items_out"] == sum(e["items_out"] for e in copies) == 20 * len(copies)
+    assert busiest["self_s"] == pytest.approx(sum(e["self_s"] for e in copies))
+    assert busiest["self_s"] >= 0.9 * len(copies) * 20 * SLOW_S
+    assert busiest["share"] > 0.8 / max(1, workers)  # its workers share the work
+    assert f"data-bound; limiting stage: {slow_pattern}" in text
+    lines = text.splitlines()
+    slow_lines = [
+        line for line in lines if line.strip().startswith(f"└─ MapIterator x{len(copies)}")
+    ]
+    assert len(slow_lines) == 2 * max(1, workers)  # both maps, once per worker
+    assert len(lines) == 2 + 1 + (2 if workers else 1) * max(1, workers) + 4 * max(1, workers)
+    if workers:  # each worker's buffer, in the consumer
+        feeds = [e for e in entries if e["stage"] == "PrefetchIterator"]
+        assert [(e["queue_fill"], e["in_flight"]) for e in feeds] == [(0.0, 0)] * 2
+        assert [e["items_out"] for e in feeds] == [24, 24]  # 20 batches, 4 shard ends each
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_gauges_of_a_parallel_map_in_a_worker_process(start_method: str) -> None:
+    source = it.NativeCheckpointableIterator(list(range(80)))
+    mapped = it.ParallelMapIterator(source, slow, 2, 4, mode="thread")  # 4 tasks in flight
+    pipeline = it.PrefetchIterator(mapped, 1, start_method=start_method)
+    with pipeline:
+        stats.enable(pipeline)
+        assert next(pipeline) == 0  # sent right after the first task's results: 4 more out
+        entry = entry_of(pipeline, "ParallelMapIterator")
+        assert entry["runs_in"] == "worker process of PrefetchIterator"
+        assert (entry["queue_fill"], entry["in_flight"], entry["workers"]) == (1.0, 16, 2)
+        assert list(pipeline) == list(range(1, 80))
+        entry = entry_of(pipeline, "ParallelMapIterator")
+    assert (entry["queue_fill"], entry["in_flight"]) == (0.0, 0)
+    assert entry["worker_busy_s"] >= 80 * SLOW_S

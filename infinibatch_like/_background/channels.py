@@ -126,6 +126,15 @@ class Channel(Resource):
     def receive(self) -> Batch | End:
         raise NotImplementedError
 
+    def produced(self) -> int | None:
+        """Items a worker process has produced so far (counted while statistics are on),
+        or None where they are not counted (a worker thread: see `waiting`)."""
+        return None
+
+    def waiting(self) -> int:
+        """Items waiting in this process's buffer now."""
+        return 0
+
 
 class ThreadChannel(Channel):
     """`messages` iterated by a daemon thread into a `queue.Queue` of `slots` messages.
@@ -190,6 +199,14 @@ class ThreadChannel(Channel):
                         raise WorkerError(
                             f"{self._name}: its worker thread stopped without a result"
                         ) from None
+
+    def produced(self) -> int | None:
+        return None if self._upstream is None else self._upstream.produced()
+
+    def waiting(self) -> int:
+        with self._queue.mutex:  # a snapshot: the worker thread puts meanwhile
+            messages = list(self._queue.queue)
+        return sum(len(getattr(message, "items", ())) for message in messages)
 
     def _shutdown(self) -> None:
         self._stop.set()
@@ -265,10 +282,6 @@ class _Outbox:
             self._queue.maxsize = self._slots()
         self._queue.put(data)
 
-    def fill(self) -> float:
-        """How full the buffer is (0..1)."""
-        return min(1.0, self._queue.qsize() / self._queue.maxsize)
-
     def close(self) -> None:
         """Wait until everything put was written."""
         self._queue.put(None)
@@ -282,8 +295,10 @@ def _producer_main(
     writer: Connection,
     parent: int,
     where: str,
+    produced: Any,
 ) -> None:
-    """Entry point of a producer worker process."""
+    """Entry point of a producer worker process; `produced` (a shared counter, None while
+    statistics are off) counts the items it produces."""
     holder: list[Any] = [production.source]
 
     def close_pipeline() -> None:
@@ -298,10 +313,13 @@ def _producer_main(
             holder[0] = pickle.loads(payload)
         stats = WorkerStats(holder[0], production.stats_every) if production.stats_every else None
         for message in produce(production._replace(source=holder[0]), pace):
-            if stats is not None and (
-                isinstance(message, End) or (isinstance(message, Batch) and stats.due())
-            ):
-                message = message._replace(stats=stats.delta(outbox.fill()))
+            if stats is not None:  # per message, not per item
+                if isinstance(message, Batch):
+                    produced.value += len(message.items)
+                    if stats.due():
+                        message = message._replace(stats=stats.delta())
+                elif isinstance(message, End):
+                    message = message._replace(stats=stats.delta())
             outbox.put(message)
     except BaseException as error:
         outbox.put(Failure(report_error(error, where, holder[0])))
@@ -329,10 +347,11 @@ class ProcessChannel(Channel):
         super().__init__()
         self._warn_empty = warn_empty
         where = f"in the worker process of {name} (start method {method!r}, reading {chain})"
+        self._produced = context.RawValue("q", 0) if production.stats_every else None
         self._receiver, writer = context.Pipe(duplex=False)
         self._process: BaseProcess = context.Process(  # type: ignore[attr-defined]
             target=_producer_main,
-            args=(payload, production, capacity, writer, os.getpid(), where),
+            args=(payload, production, capacity, writer, os.getpid(), where, self._produced),
             name=f"infinibatch_like.{name}.worker",
             daemon=False,
         )
@@ -356,6 +375,9 @@ class ProcessChannel(Channel):
     def pids(self) -> list[int]:
         pid = self._process.pid
         return [pid] if pid is not None and self._alive() else []
+
+    def produced(self) -> int | None:
+        return None if self._produced is None else int(self._produced.value)
 
     def receive(self) -> Batch | End:
         try:

@@ -50,9 +50,17 @@ class ReplayCursor:
         while len(snapshots) > 1 and snapshots[1][0] <= self.consumed:
             snapshots.popleft()
 
+    def position(self) -> int:
+        """Items consumed, the current batch's included."""
+        return self.consumed + self._batch_length - operator.length_hint(self._batch)
+
+    def unserved(self) -> int:
+        """Items of the current batch that the consumer has not taken yet."""
+        return operator.length_hint(self._batch)
+
     def state(self) -> State:
         """``{"source": snapshot, "replay": items consumed since}``."""
-        consumed = self.consumed + self._batch_length - operator.length_hint(self._batch)
+        consumed = self.position()
         position, snapshot = self._snapshots[0]
         for later, later_snapshot in self._snapshots:
             if later > consumed:

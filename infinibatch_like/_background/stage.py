@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar, Generic, TypeVar
 
 from .._base import CheckpointableIterator, Stage, State, source_state
+from .._probe import Gauges
 from .cursor import ReplayCursor
 
 T = TypeVar("T")
@@ -49,6 +50,14 @@ class Runner(ABC):
     def stop(self) -> None:
         """Stop the workers (idempotent)."""
 
+    def gauges(self) -> Gauges | None:
+        """Its buffer and workers now (for statistics); None if it has not run here since
+        its last reset (e.g. the consumer's copy of a stage that runs in a worker process)."""
+        return None if self._startable else self._gauges()
+
+    def _gauges(self) -> Gauges | None:
+        return None
+
     @abstractmethod
     def generate(self) -> Iterator[Any]:
         """The stage's items from the cursor's position, starting the workers if needed and
@@ -79,6 +88,9 @@ class BackgroundStage(Stage[T], Generic[T]):
 
     def _state(self) -> State:
         return self._runner.cursor.state()
+
+    def _gauges(self) -> Gauges | None:
+        return self._runner.gauges()
 
     def _restore(self, state: State | None) -> None:
         runner = self._runner

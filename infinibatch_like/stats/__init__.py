@@ -15,8 +15,10 @@ for step, batch in enumerate(pipeline):
 Off (the default), stages run exactly the iterators they build, with no wrapper and no
 counter. On, every stage counts its items exactly and times a random sample of its pulls
 (one in `sample_every` on average, every pull of a slow stage); counters of worker
-processes come back with their messages a few times per second. Statistics are never part
-of a checkpoint.
+processes come back with their messages a few times per second. Stages that work ahead
+(prefetchers, parallel maps, chunk read-ahead) also show gauges read at the time of the
+call: their buffer fill, what is in flight and their workers' busy time. Statistics are
+never part of a checkpoint.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from typing import Any, TypedDict
 
 from .._background.stage import BackgroundStage
 from .._base import CheckpointableIterator
-from .._probe import StageProbe, probe_of
+from .._probe import StageProbe, current_gauges, probe_of
 
 
 class StageStats(TypedDict):
@@ -16,6 +16,11 @@ class StageStats(TypedDict):
 
     path: str
     """The stage's place in the chain, as error messages name it (``A.source > B``)."""
+    pattern: str
+    """`path` with the index of a copy of a replicated pipeline written ``*``
+    (``ShardedIterator.source > _ShardGroup.sources[*] > MapIterator``: that stage in
+    every shard pipeline of one worker); `path` itself elsewhere. `limiting` and `report`
+    add up the entries that share a pattern."""
     stage: str
     """The class name."""
     depth: int
@@ -40,13 +45,21 @@ class StageStats(TypedDict):
     consumer's wait for its workers."""
     worker_busy_s: float | None
     """A parallel map's workers' compute time, summed over them; a prefetcher's worker's
-    time pulling its source."""
+    time pulling its source; a chunk read-ahead's (``SelectManyIterator(read_ahead=n)``)
+    reader threads' time reading, summed over them (reads in progress included)."""
     workers: int | None
-    """A parallel map's worker count."""
+    """A parallel map's worker count; for a chunk read-ahead, the most reader threads at
+    once: ``read_ahead + 1`` (the chunks ahead and the one being yielded)."""
     queue_fill: float | None
-    """A background stage's buffer fill (0..1) at the time of the call."""
+    """Buffer fill (0..1) at the time of the call: a prefetcher's items produced and not
+    yet taken over its `buffer_size` (at most 1); a parallel map's tasks in flight over
+    `tasks_in_flight`; a chunk read-ahead's collections read and waiting over
+    `read_ahead`. For a stage in a worker process, as that worker last sent it."""
     in_flight: int | None
-    """Items a background stage has taken and not yet yielded (where it can tell)."""
+    """A prefetcher's items produced by its worker and not yet taken by the consumer (in
+    its queue, a worker process's outbox and pipe, the rest of the batch being taken); a
+    parallel map's items in its tasks in flight; a chunk read-ahead's collections (chunks)
+    being read, the one the consumer waits for included."""
     work_s: float
     """The stage's own work, as counted for the time shares: `self_s`, or for a parallel
     map its workers' busy time divided by their number (for a prefetcher, 0: its time is
@@ -76,7 +89,8 @@ def collect(pipeline: CheckpointableIterator[Any]) -> list[StageStats]:
     now = time.perf_counter()
     wall = 0.0 if root.started is None else (root.ended_at or now) - root.started
     entries: list[StageStats] = []
-    _visit(pipeline, type(pipeline).__name__, 0, "consumer", wall, entries)
+    name = type(pipeline).__name__
+    _visit(pipeline, (name, name), 0, "consumer", wall, entries)
     total = sum(entry["work_s"] for entry in entries)
     for entry in entries:
         entry["share"] = entry["work_s"] / total if total > 0 else 0.0
@@ -85,24 +99,30 @@ def collect(pipeline: CheckpointableIterator[Any]) -> list[StageStats]:
 
 def _visit(
     stage: CheckpointableIterator[Any],
-    path: str,
+    paths: tuple[str, str],
     depth: int,
     runs_in: str,
     wall: float,
     entries: list[StageStats],
 ) -> tuple[StageStats, float]:
-    """Append the entries of `stage` and its upstream stages to `entries`; return the
-    stage's entry and the time of the steps timed in full in its pulls."""
+    """Append the entries of `stage` (at `paths`: its path and pattern) and its upstream
+    stages to `entries`; return the stage's entry and the time of the steps timed in full
+    in its pulls."""
     probe = probe_of(stage)
+    path, pattern = paths
     entry = _entry(stage, probe, path, depth, runs_in, wall)
+    entry["pattern"] = pattern
     entries.append(entry)
     exact = 0.0 if probe is None else probe.exact_s
     sources = [s for s in getattr(stage, "_sources", ()) if isinstance(s, CheckpointableIterator)]
     inner = runs_in
     if isinstance(stage, BackgroundStage) and probe is not None and stage._runner.probe is probe:
         inner = _sources_run_in(stage, path, runs_in)
+    replicas = getattr(stage, "_replica_sources", False)
     children = [
-        _visit(source, _child_path(path, sources, index), depth + 1, inner, wall, entries)
+        _visit(
+            source, _child_paths(paths, sources, index, replicas), depth + 1, inner, wall, entries
+        )
         for index, source in enumerate(sources)
     ]
     exact += sum(child_exact for child, child_exact in children if child["runs_in"] == runs_in)
@@ -122,9 +142,17 @@ def _visit(
     return entry, exact
 
 
-def _child_path(path: str, sources: list[Any], index: int) -> str:
-    where = "source" if len(sources) == 1 else f"sources[{index}]"
-    return f"{path}.{where} > {type(sources[index]).__name__}"
+def _child_paths(
+    paths: tuple[str, str], sources: list[Any], index: int, replicas: bool
+) -> tuple[str, str]:
+    """The path and pattern of ``sources[index]`` of the stage at `paths`; `replicas`:
+    its sources are copies of one pipeline (written ``sources[*]`` in the pattern)."""
+    path, pattern = paths
+    name = type(sources[index]).__name__
+    if len(sources) == 1:
+        return f"{path}.source > {name}", f"{pattern}.source > {name}"
+    copy = "*" if replicas else str(index)
+    return f"{path}.sources[{index}] > {name}", f"{pattern}.sources[{copy}] > {name}"
 
 
 def _sources_run_in(stage: BackgroundStage[Any], path: str, runs_in: str) -> str:
@@ -148,6 +176,7 @@ def _entry(
     time_s = None if probe is None else probe.estimated_s
     entry: StageStats = {
         "path": path,
+        "pattern": path,
         "stage": type(stage).__name__,
         "depth": depth,
         "runs_in": runs_in,
@@ -165,29 +194,13 @@ def _entry(
         "share": 0.0,
         "wall_s": wall,
     }
-    if probe is not None and isinstance(stage, BackgroundStage):
-        entry.update(_gauges(stage._runner, probe))  # type: ignore[typeddict-item]
+    gauges = current_gauges(stage)
+    if probe is not None and gauges is not None:
+        entry["queue_fill"], entry["in_flight"] = gauges.queue_fill, gauges.in_flight
+        if gauges.workers is not None:
+            entry["workers"] = gauges.workers
+            entry["worker_busy_s"] = probe.worker_busy_s + gauges.busy_s
     return entry
-
-
-def _gauges(runner: Any, probe: StageProbe) -> dict[str, Any]:
-    """A background stage's gauges, read from its runner now."""
-    if hasattr(runner, "in_flight"):  # a parallel map
-        tasks = list(runner.in_flight)
-        return {
-            "worker_busy_s": probe.worker_busy_s,
-            "workers": runner.num_workers,
-            "queue_fill": len(tasks) / runner.tasks_in_flight,
-            "in_flight": sum(len(task.items) for task in tasks),
-        }
-    queue = getattr(runner.channel, "_queue", None)
-    if queue is None:  # a worker process without a buffer here: it says how full its is
-        return {"queue_fill": probe.remote_queue_fill}
-    waiting = list(queue.queue)
-    return {
-        "queue_fill": len(waiting) / queue.maxsize,
-        "in_flight": sum(len(getattr(message, "items", ())) for message in waiting),
-    }
 
 
 def _work(stage: object, entry: StageStats) -> float:
@@ -199,9 +212,17 @@ def _work(stage: object, entry: StageStats) -> float:
 
 
 def limiting(entries: list[StageStats]) -> StageStats | None:
-    """The stage that does the most work (largest `work_s`), or None if none did any."""
-    busiest = max(entries, key=lambda entry: entry["work_s"], default=None)
+    """The stage that does the most work (largest `work_s`), or None if none did any.
+
+    The copies of a stage in the shard pipelines of a `ShardedIterator` (one `pattern`)
+    count as one stage: their entries added up, its `path` the pattern (per worker:
+    workers run in parallel, the shards of one worker one after the other)."""
+    busiest = max((entry for entry, _ in pooled(entries)), key=_work_of, default=None)
     return busiest if busiest is not None and busiest["work_s"] > 0 else None
+
+
+def _work_of(entry: StageStats) -> float:
+    return entry["work_s"]
 
 
 _COUNTERS = (
@@ -216,6 +237,32 @@ _COUNTERS = (
     "in_flight",
     "share",
 )
+
+
+_SUMMED = (*(name for name in _COUNTERS if name != "queue_fill"), "workers", "work_s")
+"""The counters that `pooled` adds up (the buffer fill is averaged)."""
+
+
+def pooled(entries: list[StageStats]) -> list[tuple[StageStats, int]]:
+    """`entries` with those of one `pattern` merged (at the first one's place): counters
+    added up, the buffer fill averaged, the path the pattern; and how many were merged."""
+    groups: dict[str, list[StageStats]] = {}
+    for entry in entries:
+        groups.setdefault(entry["pattern"], []).append(entry)
+    out = []
+    for pattern, group in groups.items():
+        if len(group) == 1:
+            out.append((group[0], 1))
+            continue
+        merged = StageStats(**{**group[0], "path": pattern})
+        for name in _SUMMED:
+            values = [entry[name] for entry in group]  # type: ignore[literal-required]
+            if all(value is not None for value in values):
+                merged[name] = sum(values)  # type: ignore[literal-required]
+        fills = [entry["queue_fill"] for entry in group if entry["queue_fill"] is not None]
+        merged["queue_fill"] = sum(fills) / len(fills) if fills else None
+        out.append((merged, len(group)))
+    return out
 
 
 def flat(pipeline: CheckpointableIterator[Any], prefix: str = "data/") -> dict[str, float]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._base import CheckpointableIterator
-from ._collect import StageStats, collect, consumer_wait_share, limiting
+from ._collect import StageStats, collect, consumer_wait_share, limiting, pooled
 
 STARVED = 0.05
 """A consumer that waits for data longer than this share of the time is data-bound."""
@@ -14,7 +14,10 @@ STARVED = 0.05
 def report(pipeline: CheckpointableIterator[Any]) -> str:
     """A readable tree of `pipeline`'s stages (outermost first) with items/s, each stage's
     share of the pipeline's work and its own time, the stage that limits throughput, and
-    how long the consumer (the training loop) waited for data.
+    how long the consumer (the training loop) waited for data. Background stages show
+    their buffer fill and what is in flight, and their workers' busy time. The shard
+    pipelines of a `ShardedIterator` show once per worker, their counters added up over
+    its shards (``MapIterator x16``).
 
     Statistics must be on (`enable`). Raises ValueError if they are off.
     """
@@ -27,24 +30,32 @@ def render(entries: list[StageStats]) -> str:
         f"pipeline statistics over {entries[0]['wall_s']:.2f} s "
         f"(items/s, share of the pipeline's work, own time)"
     ]
-    for entry in entries:
-        lines.append(_line(entry))
+    for entry, copies in pooled(entries):
+        lines.append(_line(entry, copies))
     lines.append(_verdict(entries))
     return "\n".join(lines)
 
 
-def _line(entry: StageStats) -> str:
+_CHUNKS = ("SelectManyIterator",)
+"""Stages whose workers read chunks (collections), not items."""
+
+
+def _line(entry: StageStats, copies: int) -> str:
     indent = "   " * entry["depth"] + ("└─ " if entry["depth"] else "")
-    name = f"{indent}{entry['stage']}"
+    name = f"{indent}{entry['stage']}" + (f" x{copies}" if copies > 1 else "")
     if entry["items_out"] is None:
         return f"{name:<52} (no statistics: not a stage of this library)"
     rate = entry["items_per_s"]
     text = f"{name:<52} {0 if rate is None else rate:>12,.0f}/s {100 * entry['share']:5.1f} %"
     text += f"  own {entry['self_s'] or 0.0:7.3f} s"
+    reads_chunks = entry["stage"] in _CHUNKS
     if entry["workers"]:
-        text += f"  workers busy {entry['worker_busy_s'] or 0.0:.3f} s over {entry['workers']}"
+        who = "readers" if reads_chunks else "workers"
+        text += f"  {who} busy {entry['worker_busy_s'] or 0.0:.3f} s over {entry['workers']}"
     if entry["queue_fill"] is not None:
         text += f"  buffer {100 * entry['queue_fill']:.0f} % full"
+    if entry["in_flight"] is not None:
+        text += f", {entry['in_flight']} {'chunks' if reads_chunks else 'items'} in flight"
     if entry["runs_in"] != "consumer":
         text += f"  [{entry['runs_in']}]"
     return text
