@@ -299,12 +299,26 @@ class EqualLengthIterator(Stage[T]):
             self._real, self._padded, self._dropped = counts
         self._iterator = self._generate()
 
+    def _restarted(self) -> Iterator[T]:
+        """The source, restarted from the start of the share (to repeat it as padding)."""
+        self.restore_source(self._source, None, "source")
+        return fast_iterator(self._source)
+
     def _generate(self) -> Iterator[T]:
         pull = fast_iterator(self._source)
+        first: Any = _NOTHING  # the share's first item, read to learn if there is one
         while self._phase != "ended":
-            item = next(pull, _NOTHING) if self._phase == "running" else _NOTHING
+            running = self._phase == "running"
+            item = next(pull, _NOTHING) if running else _NOTHING
             has_item = item is not _NOTHING
-            stuck = not has_item and not self._drop and self._fill is None and self._real == 0
+            stuck = False
+            repeats = not has_item and not self._drop and self._fill is None
+            if running and repeats and self._real == 0:
+                # Nothing real yet: the share is empty, or this rank took other ranks'
+                # shards in an elastic restore; restart the share to see if it has items.
+                pull = self._restarted()
+                first = next(pull, _NOTHING)
+                stuck = first is _NOTHING
             someone_lacks, someone_has, someone_stuck = _all_reduce_max(
                 [int(not has_item), int(has_item), int(stuck)], self._group
             )
@@ -325,10 +339,11 @@ class EqualLengthIterator(Stage[T]):
                 if self._fill is not None:
                     item = self._fill()
                 else:
-                    item = next(pull, _NOTHING)
+                    item, first = first, _NOTHING
+                    if item is _NOTHING:
+                        item = next(pull, _NOTHING)
                     if item is _NOTHING:  # repeat the share from its start
-                        self.restore_source(self._source, None, "source")
-                        pull = fast_iterator(self._source)
+                        pull = self._restarted()
                         item = next(pull)
                 self._phase = "padding"
                 self._padded += 1
