@@ -6,7 +6,6 @@ the same whatever the number of ranks, and worker processes restored with anothe
 from __future__ import annotations
 
 import multiprocessing
-import random
 from collections import defaultdict
 from itertools import islice
 from typing import Any
@@ -31,7 +30,7 @@ def flat(corpus: list[list[str]]) -> list[str]:
 
 
 class finite_factory:
-    """A finite shuffled pass per shard: its chunks in a shard-seeded order, block-shuffled,
+    """A finite shuffled pass per shard (``chunked_dataset_iterator(..., epochs=1)``),
     optionally batched inside the shard."""
 
     def __init__(self, corpus: list[list[str]], batch: int = 0) -> None:
@@ -39,10 +38,10 @@ class finite_factory:
 
     def __call__(self, shard: int, num_shards: int) -> it.CheckpointableIterator[Any]:
         chunks = list(range(shard, len(self.corpus), num_shards))
-        random.Random(shard).shuffle(chunks)
-        source = create_source_iterator(chunks, train=False, shuffle=False)
-        items: it.CheckpointableIterator[Any] = it.BlockwiseShuffleIterator(
-            it.SelectManyIterator(source, self.corpus.__getitem__), 3, seed=shard
+        items: it.CheckpointableIterator[Any] = (
+            chunked_dataset_iterator(chunks, self.corpus.__getitem__, 3, seed=shard, epochs=1)
+            if chunks  # chunked_dataset_iterator refuses an empty list of chunks
+            else it.NativeCheckpointableIterator([])
         )
         return it.FixedBatchIterator(items, self.batch) if self.batch else items
 
