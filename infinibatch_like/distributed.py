@@ -138,9 +138,10 @@ def restore_state(
 
     Each rank takes the state of its own rank in `group` (default: the whole job). Every
     rank must restore from the same gathered dict. On another number of ranks, a pipeline
-    built on a `ShardedIterator` (under MapIterator stages only) takes the entries of the
-    shards it now owns from every old rank's state (`infinibatch_like.elastic`): every
-    shard continues exactly where it stopped, on exactly one rank.
+    built on a `ShardedIterator` (under MapIterator stages and an EqualLengthIterator
+    only) takes the entries of the shards it now owns from every old rank's state
+    (`infinibatch_like.elastic`): every shard continues exactly where it stopped, on
+    exactly one rank.
 
     Raises:
         ValueError: if `state` is not a `gather_state` result, or was gathered on another
@@ -235,7 +236,11 @@ class EqualLengthIterator(Stage[T]):
         padding by repeating, its position in the repeated share), the phase
         (``"running"``, ``"padding"`` or ``"ended"``) and the counts. Constant size; a
         restore re-reads nothing. All ranks must restore states taken at the same step
-        (e.g. from one `gather_state`).
+        (e.g. from one `gather_state`). Over a `ShardedIterator` (under `MapIterator`
+        stages), `restore_state` resumes it on another number of ranks: the real items
+        left move with their shards, and the new ranks start with phase ``"running"``
+        and zero counts (see `infinibatch_like.elastic`). A rank with no real item yet
+        that must pad restarts its share to learn whether there is anything to repeat.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {

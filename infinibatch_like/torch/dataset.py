@@ -69,6 +69,13 @@ class CheckpointableDataset(torch.utils.data.IterableDataset[T_co]):
     yourself. The plain DataLoader with workers cannot be checkpointed: the workers'
     pipelines are out of reach, and ``state_dict()`` in the main process raises.
 
+    Another number of workers (or of ranks) on resume: torchdata's loader refuses a state
+    of another ``num_workers`` itself, and each reader's state here belongs to one reader.
+    Build the factory as ``functools.partial(ShardedIterator, shard_factory, num_shards)``
+    (each reader then runs the shards it owns among the readers) and convert the loader
+    states of every old rank with `infinibatch_like.torch.resize_loader_state`: every
+    shard continues where it stopped, on exactly one new reader.
+
     Args:
         factory: ``factory(instance_rank, num_instances)`` returns a new
             `CheckpointableIterator`; with DataLoader workers under the ``spawn`` or
@@ -89,7 +96,8 @@ class CheckpointableDataset(torch.utils.data.IterableDataset[T_co]):
         ``{"kind": "CheckpointableDataset", "instance_rank": int, "num_instances": int,
         "pipeline": <the pipeline's getstate()>}``: plain data of the pipeline's (constant)
         size plus three fields; ``load_state_dict`` refuses the state of another reader or
-        another number of readers. A restore costs what the pipeline's ``setstate`` costs.
+        another number of readers (`resize_loader_state` converts the states of
+        `ShardedIterator` readers). A restore costs what the pipeline's ``setstate`` costs.
     """
 
     def __init__(
