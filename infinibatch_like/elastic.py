@@ -46,7 +46,7 @@ _PASS_THROUGH = (MapIterator, EqualLengthIterator)  # stages elastic above a Sha
 def why_not_elastic(stage: str) -> str:
     """Why a stage named `stage` cannot sit above the `ShardedIterator` of an elastic
     pipeline (the reason `restore_state` gives when it refuses)."""
-    return _WHY.get(stage, "it is not a ShardedIterator (or a MapIterator over one)")
+    return _WHY.get(stage, "it is not a ShardedIterator, or a MapIterator over one")
 
 
 @dataclass(frozen=True)
