@@ -301,7 +301,10 @@ def damaged(state: Any, change: Any) -> Any:
             ].update(shards="x"),
             "reader 1's 'shards' is not a list",
         ),
-        (lambda s: s.update(_steps_since_snapshot="2"), "needs '_steps_since_snapshot', a int"),
+        (
+            lambda s: s.update(_steps_since_snapshot="2"),
+            "needs '_steps_since_snapshot' of type int, got str",
+        ),
         (
             lambda s: s["_snapshot"]["_main_snapshot"].pop("_shared_seed"),
             r"lacks the main process's fields \['_shared_seed'\]",

@@ -147,7 +147,7 @@ def _part(container: dict[str, Any], key: str, kind: type, where: str) -> Any:
     value = container.get(key)
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
         raise ValueError(
-            f"{_OWNER}: {where} needs {key!r}, a {kind.__name__}, got {_summary(value)}"
+            f"{_OWNER}: {where} needs {key!r} of type {kind.__name__}, got {_summary(value)}"
             if key in container
             else f"{_OWNER}: {where} lacks {key!r}"
         )
