@@ -138,9 +138,10 @@ def restore_state(
 
     Each rank takes the state of its own rank in `group` (default: the whole job). Every
     rank must restore from the same gathered dict. On another number of ranks, a pipeline
-    built on a `ShardedIterator` (under MapIterator stages only) takes the entries of the
-    shards it now owns from every old rank's state (`infinibatch_like.elastic`): every
-    shard continues exactly where it stopped, on exactly one rank.
+    built on a `ShardedIterator` (under MapIterator stages and an EqualLengthIterator
+    only) takes the entries of the shards it now owns from every old rank's state
+    (`infinibatch_like.elastic`): every shard continues exactly where it stopped, on
+    exactly one rank.
 
     Raises:
         ValueError: if `state` is not a `gather_state` result, or was gathered on another
@@ -235,7 +236,11 @@ class EqualLengthIterator(Stage[T]):
         padding by repeating, its position in the repeated share), the phase
         (``"running"``, ``"padding"`` or ``"ended"``) and the counts. Constant size; a
         restore re-reads nothing. All ranks must restore states taken at the same step
-        (e.g. from one `gather_state`).
+        (e.g. from one `gather_state`). Over a `ShardedIterator` (under `MapIterator`
+        stages), `restore_state` resumes it on another number of ranks: the real items
+        left move with their shards, and the new ranks start with phase ``"running"``
+        and zero counts (see `infinibatch_like.elastic`). A rank with no real item yet
+        that must pad restarts its share to learn whether there is anything to repeat.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
@@ -299,12 +304,26 @@ class EqualLengthIterator(Stage[T]):
             self._real, self._padded, self._dropped = counts
         self._iterator = self._generate()
 
+    def _restarted(self) -> Iterator[T]:
+        """The source, restarted from the start of the share (to repeat it as padding)."""
+        self.restore_source(self._source, None, "source")
+        return fast_iterator(self._source)
+
     def _generate(self) -> Iterator[T]:
         pull = fast_iterator(self._source)
+        first: Any = _NOTHING  # the share's first item, read to learn if there is one
         while self._phase != "ended":
-            item = next(pull, _NOTHING) if self._phase == "running" else _NOTHING
+            running = self._phase == "running"
+            item = next(pull, _NOTHING) if running else _NOTHING
             has_item = item is not _NOTHING
-            stuck = not has_item and not self._drop and self._fill is None and self._real == 0
+            stuck = False
+            repeats = not has_item and not self._drop and self._fill is None
+            if running and repeats and self._real == 0:
+                # Nothing real yet: the share is empty, or this rank took other ranks'
+                # shards in an elastic restore; restart the share to see if it has items.
+                pull = self._restarted()
+                first = next(pull, _NOTHING)
+                stuck = first is _NOTHING
             someone_lacks, someone_has, someone_stuck = _all_reduce_max(
                 [int(not has_item), int(has_item), int(stuck)], self._group
             )
@@ -325,10 +344,11 @@ class EqualLengthIterator(Stage[T]):
                 if self._fill is not None:
                     item = self._fill()
                 else:
-                    item = next(pull, _NOTHING)
+                    item, first = first, _NOTHING
+                    if item is _NOTHING:
+                        item = next(pull, _NOTHING)
                     if item is _NOTHING:  # repeat the share from its start
-                        self.restore_source(self._source, None, "source")
-                        pull = fast_iterator(self._source)
+                        pull = self._restarted()
                         item = next(pull)
                 self._phase = "padding"
                 self._padded += 1

@@ -10,10 +10,11 @@ the same entries restore with any number of worker processes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from ._background.lifecycle import get_context
+from ._background.stage import BackgroundStage
 from ._base import (
     CheckpointableIterator,
     Stage,
@@ -28,6 +29,7 @@ from ._base import (
 from ._fingerprint import described
 from .prefetch import PrefetchIterator
 from .sources import check_rank
+from .weighted import WeightedMultiplexIterator, checked_weights
 
 T = TypeVar("T")
 
@@ -193,7 +195,8 @@ class ShardedIterator(Stage[T]):
     shards run in `k` worker processes (shard number ``i`` of this rank in worker
     ``i % k``), each a `PrefetchIterator` over its shards: only the shard pipelines'
     outputs (e.g. finished batches) cross the process boundary, and the interleave is the
-    same as with ``workers=0`` (everything in this process).
+    same as with ``workers=0`` (everything in this process). `set_weights` changes the
+    mixture of every shard's `WeightedMultiplexIterator` exactly, with or without workers.
 
     Args:
         factory: ``factory(shard, num_shards)`` -> the shard's CheckpointableIterator.
@@ -222,6 +225,7 @@ class ShardedIterator(Stage[T]):
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"shards": list, "next": int}
+    _pending: list[State | None]  # per shard: its restored entry, until the shard moves on
 
     def __init__(
         self,
@@ -286,6 +290,43 @@ class ShardedIterator(Stage[T]):
     def _arguments(self) -> State:
         return {"num_shards": self.num_shards, "factory": described(self._factory)}
 
+    def set_weights(self, weights: Sequence[float]) -> None:
+        """Mix every shard of this rank by `weights` from the next item each shard's mixer
+        draws (a curriculum): `WeightedMultiplexIterator.set_weights` on the one mixer of
+        each shard's pipeline.
+
+        Without workers the change reaches the mixers at once. With workers, the shards'
+        pipelines run ahead of delivery in the worker processes, so the change restores
+        this rank's shards in this process at the items delivered so far (re-reading what
+        a restore re-reads, twice), changes their weights there and restarts the workers
+        from that state: the stream is the one without workers, and checkpoints stay
+        exact. Change weights every few thousand items, not every item.
+
+        Raises:
+            ValueError: if a shard's pipeline holds no `WeightedMultiplexIterator`, more
+                than one, or one below a background stage (which runs it ahead of
+                delivery), naming the shard; for bad weights, as the mixer's.
+        """
+        mixers = [
+            _mixer_of(pipeline, shard)
+            for group in self._groups
+            for shard, pipeline in zip(group._shards, group._pipelines, strict=True)
+        ]
+        for mixer in mixers:  # all valid before any changes
+            checked_weights("ShardedIterator.set_weights", weights, len(mixer._choices))
+        workers = self._feeds[0] is not self._groups[0]
+        if workers:  # restore the shards here, at the items delivered so far
+            self.setstate(self.getstate())
+        for mixer in mixers:
+            mixer.set_weights(weights)
+        if not workers:  # the shards run here: their states now hold the new weights
+            self._pending = [None] * len(self._owned)
+            return
+        entries = {e["shard"]: e for group in self._groups for e in group.getstate()["shards"]}
+        state = self.getstate()
+        state["shards"] = [entries[shard] for shard in self._owned]
+        self.setstate(state)  # the workers start from the shards changed here
+
     def _worker_of(self, index: int) -> int:
         return index % len(self._feeds)
 
@@ -320,7 +361,7 @@ class ShardedIterator(Stage[T]):
         count = len(self._owned)
         self._delivered = [0] * count
         self._ended = [False] * count
-        self._pending: list[State | None] = [None] * count
+        self._pending = [None] * count
         self._next = self._owned[0] if self._owned else -1
         if state is None:
             self.restore_sources(self._feeds, None, "workers")
@@ -391,3 +432,31 @@ class ShardedIterator(Stage[T]):
                     next(workers[index], None)  # the worker's end: it stops
             index = (index + 1) % count
         self._next = -1
+
+
+def _mixer_of(pipeline: CheckpointableIterator[Any], shard: int) -> WeightedMultiplexIterator[Any]:
+    """The one `WeightedMultiplexIterator` of a shard's pipeline, not below a background
+    stage; else a ValueError naming the shard."""
+    found: list[tuple[WeightedMultiplexIterator[Any], str | None]] = []
+    stack: list[tuple[Any, str | None]] = [(pipeline, None)]
+    while stack:
+        stage, background = stack.pop()
+        if isinstance(stage, WeightedMultiplexIterator):
+            found.append((stage, background))
+        elif isinstance(stage, Stage):
+            if isinstance(stage, BackgroundStage):
+                background = background or type(stage).__name__
+            stack.extend((source, background) for source in stage._sources)
+    if len(found) != 1:
+        raise ValueError(
+            f"ShardedIterator.set_weights: shard {shard}'s pipeline holds {len(found)} "
+            "WeightedMultiplexIterators, expected exactly one"
+        )
+    mixer, background = found[0]
+    if background is not None:
+        raise ValueError(
+            f"ShardedIterator.set_weights: shard {shard}'s WeightedMultiplexIterator runs "
+            f"below a {background}, ahead of delivery, where a change of weights cannot take "
+            "effect at an exact item; put the background stage below the mixer"
+        )
+    return mixer

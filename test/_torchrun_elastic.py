@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import sys
 from itertools import islice
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 import infinibatch_like.iterators as it
+from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.distributed import gather_state, rank_and_world_size, restore_state
 from infinibatch_like.elastic import elastic_state
 from infinibatch_like.sharded import ShardedIterator
@@ -43,12 +43,10 @@ def read_chunk(chunk: int) -> list[str]:
 
 
 def finite_shard(shard: int, num_shards: int) -> it.CheckpointableIterator[list[str]]:
-    """One shuffled pass over the shard's chunks, batched by 3 inside the shard."""
+    """One shuffled pass (epochs=1) over the shard's chunks, batched by 3 in the shard."""
     chunks = list(range(shard, len(CORPUS), num_shards))
-    random.Random(shard).shuffle(chunks)
-    source = create_source_iterator(chunks, train=False, shuffle=False)
-    items = it.SelectManyIterator(source, read_chunk)
-    return it.FixedBatchIterator(it.BlockwiseShuffleIterator(items, 4, seed=shard), 3)
+    items = chunked_dataset_iterator(chunks, read_chunk, buffer_size=4, seed=shard, epochs=1)
+    return it.FixedBatchIterator(items, 3)
 
 
 def endless_shard(shard: int, num_shards: int) -> it.CheckpointableIterator[str]:

@@ -23,12 +23,13 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import infinibatch_like.distributed as distributed
 import infinibatch_like.iterators as it
 from infinibatch_like import StateMismatchError
+from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.distributed import (
     GATHERED_FORMAT,
     EqualLengthIterator,
@@ -36,6 +37,8 @@ from infinibatch_like.distributed import (
     rank_and_world_size,
     restore_state,
 )
+from infinibatch_like.elastic import elastic_state
+from infinibatch_like.sharded import ShardedIterator, owned_shards
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "test" / "_torchrun_worker.py"
@@ -295,6 +298,113 @@ def test_equal_length_iterator_rejects_bad_arguments_and_states() -> None:
         EqualLengthIterator(source).setstate({**state, "phase": "paused"})
     with pytest.raises(StateMismatchError, match="counts >= 0"):
         EqualLengthIterator(source).setstate({**state, "padded": -1})
+
+
+# -- EqualLengthIterator over a ShardedIterator, resumed on another number of ranks ------
+
+
+def equal_shards(corpus: list[list[str]], member: Any, policy: str, use_fill: bool) -> Any:
+    """EqualLengthIterator over this rank's shards, each a finite shuffled pass (epochs=1)."""
+
+    def shard(index: int, num_shards: int) -> Any:
+        chunks = list(range(index, len(corpus), num_shards))
+        if not chunks:  # chunked_dataset_iterator refuses an empty list of chunks
+            return it.NativeCheckpointableIterator([])
+        return chunked_dataset_iterator(chunks, corpus.__getitem__, 2, seed=index, epochs=1)
+
+    rank, world_size = member.rank, member.group.size
+    sharded = ShardedIterator(shard, EQUAL_SHARDS, rank, world_size)
+    return EqualLengthIterator(sharded, policy, empty_batch if use_fill else None, member)
+
+
+EQUAL_SHARDS = 5
+
+
+def steps_of(pipeline: Any, count: int | None) -> list[tuple[Any, bool]]:
+    """(item, is padding) of `count` steps (None: to the end)."""
+    return [(item, pipeline.last_is_padding) for item in islice(pipeline, count)]
+
+
+@settings(EQUAL, max_examples=30)
+@given(
+    sizes=st.lists(st.integers(0, 4), min_size=1, max_size=9),
+    old=st.integers(1, 4),
+    new=st.integers(1, 4),
+    cut=st.integers(0, 8),
+    policy=st.sampled_from(["pad", "drop"]),
+    use_fill=st.booleans(),
+)
+# New rank 0 takes shard 0, read to its end before the switch: it pads by repeating it.
+@example(sizes=[1, 4], old=1, new=2, cut=2, policy="pad", use_fill=False)
+def test_an_equal_length_pass_resumed_on_another_number_of_ranks(
+    thread_collectives: None,
+    sizes: list[int],
+    old: int,
+    new: int,
+    cut: int,
+    policy: str,
+    use_fill: bool,
+) -> None:
+    corpus = [[f"c{chunk}-{line}" for line in range(size)] for chunk, size in enumerate(sizes)]
+    old_group, new_group = ThreadGroup(old), ThreadGroup(new)
+
+    def before(rank: int) -> tuple[list[tuple[Any, bool]], Any, dict[str, int]]:
+        pipeline = equal_shards(corpus, Member(old_group, rank), policy, use_fill)
+        steps = steps_of(pipeline, cut)
+        state = json.loads(json.dumps(pipeline.getstate()))
+        steps_of(pipeline, 2)  # lost in the "crash"
+        return steps, state, pipeline.counts
+
+    old_results = run_ranks(before, old)
+    assume(not any(isinstance(result, Exception) for result in old_results))  # stuck before
+    states = [state for _, state, _ in old_results]
+
+    def after(rank: int) -> tuple[list[tuple[Any, bool]], dict[str, int]]:
+        pipeline = equal_shards(corpus, Member(new_group, rank), policy, use_fill)
+        pipeline.setstate(elastic_state(pipeline, states, rank, new))
+        return steps_of(pipeline, None), pipeline.counts
+
+    new_results = run_ranks(after, new)
+    shares = [
+        [
+            item
+            for shard in owned_shards(EQUAL_SHARDS, rank, new)
+            for item in flat_shard(corpus, shard)
+        ]
+        for rank in range(new)
+    ]
+    real_before = [item for steps, _, _ in old_results for item, padding in steps if not padding]
+    remaining = sorted(set(item for chunk in corpus for item in chunk) - set(real_before))
+    left = [len([item for item in share if item in remaining]) for share in shares]
+    if policy == "pad" and not use_fill and max(left) > 0 and min(map(len, shares)) == 0:
+        for result in new_results:  # a new rank has nothing to repeat
+            assert isinstance(result, RuntimeError), result
+            assert "nothing to repeat as padding" in str(result)
+        return
+    assert not any(isinstance(result, Exception) for result in new_results), new_results
+    lengths = {len(steps) for steps, _ in new_results}
+    assert len(lengths) == 1, "every new rank takes the same number of steps"
+    real_after = [item for steps, _ in new_results for item, padding in steps if not padding]
+    dropped = sum(counts["dropped"] for _, counts in new_results)
+    dropped += sum(state["dropped"] for state in states)  # a pass that had ended
+    assert [counts["real"] for _, counts in new_results] == [
+        sum(not padding for _, padding in steps) for steps, _ in new_results
+    ]
+    # Each real item of the pass exactly once, before or after (or dropped at the end).
+    delivered = real_before + real_after
+    assert len(delivered) == len(set(delivered))
+    assert set(delivered) <= set(item for chunk in corpus for item in chunk)
+    assert len(delivered) + dropped == sum(sizes)
+    if policy == "pad":
+        assert dropped == 0
+        assert lengths == {max(left)} or all(state["phase"] == "ended" for state in states)
+    for rank, (steps, _) in enumerate(new_results):  # items of the new share, or fill
+        for item, padding in steps:
+            assert item == [] if padding and use_fill else item in shares[rank]
+
+
+def flat_shard(corpus: list[list[str]], shard: int) -> list[str]:
+    return [item for chunk in corpus[shard::EQUAL_SHARDS] for item in chunk]
 
 
 # -- real jobs under torchrun ---------------------------------------------------------------

@@ -5,8 +5,8 @@ the same whatever the number of ranks, and worker processes restored with anothe
 
 from __future__ import annotations
 
+import json
 import multiprocessing
-import random
 from collections import defaultdict
 from itertools import islice
 from typing import Any
@@ -31,7 +31,7 @@ def flat(corpus: list[list[str]]) -> list[str]:
 
 
 class finite_factory:
-    """A finite shuffled pass per shard: its chunks in a shard-seeded order, block-shuffled,
+    """A finite shuffled pass per shard (``chunked_dataset_iterator(..., epochs=1)``),
     optionally batched inside the shard."""
 
     def __init__(self, corpus: list[list[str]], batch: int = 0) -> None:
@@ -39,10 +39,10 @@ class finite_factory:
 
     def __call__(self, shard: int, num_shards: int) -> it.CheckpointableIterator[Any]:
         chunks = list(range(shard, len(self.corpus), num_shards))
-        random.Random(shard).shuffle(chunks)
-        source = create_source_iterator(chunks, train=False, shuffle=False)
-        items: it.CheckpointableIterator[Any] = it.BlockwiseShuffleIterator(
-            it.SelectManyIterator(source, self.corpus.__getitem__), 3, seed=shard
+        items: it.CheckpointableIterator[Any] = (
+            chunked_dataset_iterator(chunks, self.corpus.__getitem__, 3, seed=shard, epochs=1)
+            if chunks  # chunked_dataset_iterator refuses an empty list of chunks
+            else it.NativeCheckpointableIterator([])
         )
         return it.FixedBatchIterator(items, self.batch) if self.batch else items
 
@@ -288,3 +288,83 @@ def test_a_checkpoint_taken_with_k_workers_restores_with_another_count(method: s
             other.setstate(state)
             assert list(other) == reference[9:], workers
     assert not multiprocessing.active_children()
+
+
+# -- set_weights through the ShardedIterator (curricula) -----------------------------------
+
+
+def per_shard_reference(shards: int, before: dict[int, int], count: int) -> dict[int, list[str]]:
+    """Each shard's mixer alone: `before[shard]` items, set_weights([1, 3]), then more."""
+    reference = {}
+    for shard in range(shards):
+        mixer = mixed_factory(shard, shards)
+        items = list(islice(mixer, before[shard]))
+        mixer.set_weights([1, 3])
+        reference[shard] = items + list(islice(mixer, count))
+    return reference
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("after", [1, 14])
+def test_set_weights_changes_every_shard_from_its_next_item_and_checkpoints_stay_exact(
+    workers: int, after: int
+) -> None:
+    shards, change_at = 6, 17
+
+    def build() -> ShardedIterator[str]:
+        return ShardedIterator(mixed_factory, shards, 0, 1, workers=workers, snapshot_every=3)
+
+    with build() as pipeline:
+        items = list(islice(pipeline, change_at))
+        at_change = pipeline.delivered
+        pipeline.set_weights([1, 3])
+        items += list(islice(pipeline, after))
+        state = json.loads(json.dumps(pipeline.getstate()))  # across the change
+        rest = list(islice(pipeline, 24))
+    reference = per_shard_reference(shards, at_change, 30)
+    seen: dict[int, list[str]] = defaultdict(list)
+    for item in items + rest:
+        seen[shard_of(item, shards)].append(item)
+    for shard in range(shards):
+        assert seen[shard] == reference[shard][: len(seen[shard])], shard
+    with build() as resumed:
+        resumed.setstate(state)
+        assert list(islice(resumed, 24)) == rest
+    assert not multiprocessing.active_children()
+
+
+def test_set_weights_needs_one_mixer_per_shard_not_below_a_background_stage() -> None:
+    with pytest.raises(ValueError, match="shard 0's pipeline holds 0 WeightedMultiplexIterat"):
+        ShardedIterator(endless_factory, 2, 0, 1).set_weights([1, 1])
+
+    def prefetched(shard: int, num_shards: int) -> it.CheckpointableIterator[str]:
+        return it.PrefetchIterator(mixed_factory(shard, num_shards), 2, mode="thread")
+
+    with (
+        ShardedIterator(prefetched, 2, 0, 1) as pipeline,
+        pytest.raises(ValueError, match="shard 0's WeightedMultiplexIterator runs below a Pref"),
+    ):
+        pipeline.set_weights([1, 1])
+    pipeline = ShardedIterator(mixed_factory, 2, 0, 1)
+    with pytest.raises(
+        ValueError, match=r"set_weights: weights must hold one weight per source \(2\), got 3"
+    ):
+        pipeline.set_weights([1, 1, 1])
+    assert pipeline.getstate()["shards"][0]["source"]["weights"] == [3.0, 1.0]
+
+
+def test_changed_weights_move_with_their_shards_to_other_ranks() -> None:
+    shards = 6
+    old = [ShardedIterator(mixed_factory, shards, rank, 2) for rank in range(2)]
+    for rank, pipeline in enumerate(old):
+        list(islice(pipeline, 4 + 3 * rank))
+        pipeline.set_weights([1, 3])
+    start = {shard: count for pipeline in old for shard, count in pipeline.delivered.items()}
+    states = [pipeline.getstate() for pipeline in old]
+    reference = per_shard_reference(shards, start, 12)
+    for pipeline in resumed(mixed_factory, shards, states, 3):
+        seen: dict[int, list[str]] = defaultdict(list)
+        for item in islice(pipeline, 10 * len(pipeline.shards)):
+            seen[shard_of(item, shards)].append(item)
+        for shard in pipeline.shards:
+            assert seen[shard] == reference[shard][start[shard] : start[shard] + 10], shard

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .collate import PaddedArrays, PaddedTensors, PadValue, pad_batch
     from .dataset import CheckpointableDataset, PipelineFactory, reader_identity
+    from .loader_state import resize_loader_state
 
 __all__ = [
     "CheckpointableDataset",
@@ -22,9 +23,11 @@ __all__ = [
     "PipelineFactory",
     "pad_batch",
     "reader_identity",
+    "resize_loader_state",
 ]
 
 _NEEDS_TORCH = {"CheckpointableDataset", "PipelineFactory", "reader_identity"}
+_LOADER_STATE = {"resize_loader_state"}
 _NEEDS_NUMPY = {"PadValue", "PaddedArrays", "PaddedTensors", "pad_batch"}
 
 
@@ -34,6 +37,10 @@ def __getattr__(name: str) -> Any:
         from . import dataset
 
         return getattr(dataset, name)
+    if name in _LOADER_STATE:
+        from . import loader_state
+
+        return getattr(loader_state, name)
     if name in _NEEDS_NUMPY:
         from . import collate
 

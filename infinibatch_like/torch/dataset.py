@@ -26,7 +26,8 @@ T_co = TypeVar("T_co", covariant=True)
 PipelineFactory = Callable[[int, int], CheckpointableIterator[T_co]]
 """Builds the pipeline of one reader: ``factory(instance_rank, num_instances)``."""
 
-_KIND = "CheckpointableDataset"
+KIND = "CheckpointableDataset"
+"""The ``"kind"`` of `CheckpointableDataset` states."""
 _STATE_KEYS = {"kind", "instance_rank", "num_instances", "pipeline"}
 
 _NO_PIPELINE_HERE = (
@@ -68,6 +69,13 @@ class CheckpointableDataset(torch.utils.data.IterableDataset[T_co]):
     yourself. The plain DataLoader with workers cannot be checkpointed: the workers'
     pipelines are out of reach, and ``state_dict()`` in the main process raises.
 
+    Another number of workers (or of ranks) on resume: torchdata's loader refuses a state
+    of another ``num_workers`` itself, and each reader's state here belongs to one reader.
+    Build the factory as ``functools.partial(ShardedIterator, shard_factory, num_shards)``
+    (each reader then runs the shards it owns among the readers) and convert the loader
+    states of every old rank with `infinibatch_like.torch.resize_loader_state`: every
+    shard continues where it stopped, on exactly one new reader.
+
     Args:
         factory: ``factory(instance_rank, num_instances)`` returns a new
             `CheckpointableIterator`; with DataLoader workers under the ``spawn`` or
@@ -88,7 +96,8 @@ class CheckpointableDataset(torch.utils.data.IterableDataset[T_co]):
         ``{"kind": "CheckpointableDataset", "instance_rank": int, "num_instances": int,
         "pipeline": <the pipeline's getstate()>}``: plain data of the pipeline's (constant)
         size plus three fields; ``load_state_dict`` refuses the state of another reader or
-        another number of readers. A restore costs what the pipeline's ``setstate`` costs.
+        another number of readers (`resize_loader_state` converts the states of
+        `ShardedIterator` readers). A restore costs what the pipeline's ``setstate`` costs.
     """
 
     def __init__(
@@ -155,7 +164,7 @@ class CheckpointableDataset(torch.utils.data.IterableDataset[T_co]):
             raise RuntimeError(_NO_PIPELINE_HERE)
         instance_rank, num_instances = self._identity
         return {
-            "kind": _KIND,
+            "kind": KIND,
             "instance_rank": instance_rank,
             "num_instances": num_instances,
             "pipeline": self._pipeline.getstate(),
@@ -170,7 +179,7 @@ class CheckpointableDataset(torch.utils.data.IterableDataset[T_co]):
         Raises:
             StateMismatchError: (a ValueError) if `state` is not a state of this class.
         """
-        self._pending = _checked(state)
+        self._pending = checked_state(state)
 
     def close(self) -> None:
         """Close the current pipeline, if any (a later ``iter`` builds a new one).
@@ -191,13 +200,14 @@ class CheckpointableDataset(torch.utils.data.IterableDataset[T_co]):
             raise _mismatch(
                 f"the state belongs to reader {saved[0]} of {saved[1]}, this is reader "
                 f"{identity[0]} of {identity[1]} (rank {self._rank} of {self._world_size}); "
-                "resume with the same world size and the same number of DataLoader workers"
+                "resume with the same world size and number of DataLoader workers, or convert "
+                "the loader's state with infinibatch_like.torch.resize_loader_state"
             )
         try:
             pipeline.setstate(state["pipeline"])
         except StateMismatchError as error:
             pipeline.close()
-            raise error.within(f"{_KIND}.pipeline") from None
+            raise error.within(f"{KIND}.pipeline") from None
 
     def __getstate__(self) -> dict[str, Any]:
         # Sent to DataLoader workers: the factory and the pending state, never a pipeline.
@@ -223,14 +233,16 @@ def _rank_and_world_size(rank: int | None, world_size: int | None) -> tuple[int,
 
 
 def _mismatch(reason: str) -> StateMismatchError:
-    return StateMismatchError(reason, (_KIND,))
+    return StateMismatchError(reason, (KIND,))
 
 
-def _checked(state: object) -> State:
+def checked_state(state: object) -> State:
+    """`state`'s fields if it is a well-formed `CheckpointableDataset` state (keys that the
+    caller added dropped), else a StateMismatchError naming what is wrong."""
     if not isinstance(state, dict):
         raise _mismatch(f"expected a dict, got {type(state).__name__}")
-    if state.get("kind") != _KIND:
-        raise _mismatch(f"expected a state of {_KIND}, got one of kind {state.get('kind')!r}")
+    if state.get("kind") != KIND:
+        raise _mismatch(f"expected a state of {KIND}, got one of kind {state.get('kind')!r}")
     missing = sorted(_STATE_KEYS - set(state))
     if missing:
         raise _mismatch(f"the state is missing {missing}")
