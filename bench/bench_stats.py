@@ -6,21 +6,24 @@ block-wise shuffle (``chunked_dataset_iterator``) -> tokenize (``MapIterator(str
 
 The measurement interleaves two P1 pipelines in this one process: each round builds two
 fresh, identical pipelines, switches statistics on in one of them (``stats.enable`` with
-its default ``sample_every``, or ``--sample-every``; in the first-built pipeline in half of
-the rounds, in the second-built one in the other half), and then lets them take turns consuming
-``--segment`` lines each, ``--pairs`` times, the order within a pair alternating. The
-figure is the median over all pairs of (CPU time of the segment with statistics) / (CPU
-time of the segment without). Interleaving in one process keeps what differs between
-separate runs (memory layout, string hashing, the load of the machine) out of the ratio.
-Control rounds run the same way with statistics off in both pipelines: their median
-ratio (second / first) shows the method's own bias, which should be 1.00.
+its default ``sample_every``, or ``--sample-every``; in the first-built pipeline in half
+of the rounds, in the second-built one in the other half), and then lets them take turns
+consuming ``--segment`` lines each, ``--pairs`` times, the order within a pair
+alternating. A round's figure is the median over its pairs of (CPU time of the segment
+with statistics) / (CPU time of the segment without); the result is the geometric mean
+of the rounds' figures, with its standard error. Interleaving in one process keeps the
+load of the machine out of the ratio; but two identical pipelines built side by side
+still differ by a few percent by themselves (memory layout), so the rounds, each with
+two new pipelines, are the independent samples, and there are many of them. Control
+rounds run the same way with statistics off in both pipelines: their figure (second /
+first) should be 1.00 within its standard error.
 
 A second figure models the cost: the per-item cost of a probe, measured in a tight loop (a
 ``MapIterator`` over a list, with and without statistics, best of many short runs) times
 the item pulls per P1 line that pass a probe (from ``stats.collect``), over the CPU time
 per line without statistics.
 
-Target: at most 1.02. Usage: ``python bench/bench_stats.py`` (about 2 minutes) or
+Target: at most 1.02. Usage: ``python bench/bench_stats.py`` (about 4 minutes) or
 ``--quick``; ``--in-memory`` serves the chunks from memory (no gzip in the timings, so the
 per-item share of statistics is larger).
 """
@@ -29,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import math
+import statistics
 import sys
 import time
 from typing import Any
@@ -127,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sample_every = args.sample_every or DEFAULT_SAMPLE_EVERY
     corpus_lines = args.lines or (300_000 if args.quick else 1_000_000)
-    pairs = args.pairs or (20 if args.quick else 40)
-    rounds = args.rounds or (2 if args.quick else 6)
+    pairs = args.pairs or (6 if args.quick else 10)
+    rounds = args.rounds or (4 if args.quick else 24)
     chunks = build_corpus(corpus_lines)
     if args.in_memory:
         bench_pipeline._in_memory.update((c, read_chunk(c)) for c in chunks)
@@ -142,26 +147,38 @@ def main(argv: list[str] | None = None) -> int:
         "segments each" + ("; chunks served from memory" if args.in_memory else ""),
         flush=True,
     )
-    on_ratios: list[float] = []
-    control_ratios: list[float] = []
+    on_rounds: list[list[float]] = []
+    control_rounds: list[list[float]] = []
     for index in range(rounds):
-        on_ratios += interleaved_round(
-            library, chunks, index % 2, args.segment, pairs, sample_every
+        on_rounds.append(
+            interleaved_round(library, chunks, index % 2, args.segment, pairs, sample_every)
         )
         if index % 2 == 1 or rounds == 1:
-            control_ratios += interleaved_round(
-                library, chunks, None, args.segment, pairs, sample_every
+            control_rounds.append(
+                interleaved_round(library, chunks, None, args.segment, pairs, sample_every)
             )
         print(f"  round {index + 1}/{rounds} done", flush=True)
-    on = median(on_ratios)
-    control = median(control_ratios)
+    on, on_error = round_mean(on_rounds)
+    control, control_error = round_mean(control_rounds)
     per_segment = consume_per_line(library, chunks, args.segment)
     print_table(
-        "statistics cost on P1 (median over interleaved segment pairs of CPU time ratios)",
-        ["measure", "pairs", "ratio", f"target <= {TARGET}"],
+        "statistics cost on P1: geometric mean over rounds of each round's median CPU ratio",
+        ["measure", "rounds", "ratio", "standard error", f"target <= {TARGET}"],
         [
-            ["on / off", len(on_ratios), f"{on:.4f}", verdict(on, TARGET, False)],
-            ["control: off / off", len(control_ratios), f"{control:.4f}", ""],
+            [
+                "on / off",
+                len(on_rounds),
+                f"{on:.4f}",
+                f"{on_error:.4f}",
+                verdict(on, TARGET, False),
+            ],
+            [
+                "control: off / off",
+                len(control_rounds),
+                f"{control:.4f}",
+                f"{control_error:.4f}",
+                "",
+            ],
         ],
     )
     per_item = probe_cost_ns(sample_every)
@@ -185,10 +202,12 @@ def main(argv: list[str] | None = None) -> int:
                 "in_memory": args.in_memory,
                 "sample_every": sample_every,
             },
-            "on_off_ratios": on_ratios,
-            "control_ratios": control_ratios,
+            "on_off_ratios_by_round": on_rounds,
+            "control_ratios_by_round": control_rounds,
             "on_off": on,
+            "on_off_standard_error": on_error,
             "control": control,
+            "control_standard_error": control_error,
             "model": {
                 "probe_ns_per_item": per_item,
                 "probed_pulls_per_line": pulls,
@@ -199,6 +218,16 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     return 0
+
+
+def round_mean(rounds: list[list[float]]) -> tuple[float, float]:
+    """The geometric mean over rounds of each round's median ratio, and its standard
+    error (as a ratio): every round's two pipelines differ a little by themselves (memory
+    layout), so rounds, not pairs, are the independent samples."""
+    logs = [math.log(median(ratios)) for ratios in rounds]
+    mean = statistics.fmean(logs)
+    error = statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else 0.0
+    return math.exp(mean), math.exp(error) - 1
 
 
 def consume_per_line(library: _util.Library, chunks: list[str], segment: int) -> float:

@@ -407,6 +407,10 @@ class ShardedIterator(Stage[T]):
         worker_of = [self._worker_of(index) for index in range(count)]
         workers = [pulls[worker] for worker in worker_of]
         ended, delivered = self._ended, self._delivered
+        for worker in sorted({worker_of[i] for i in range(count) if not ended[i]}):
+            feed = self._feeds[worker]
+            if isinstance(feed, BackgroundStage):  # all at once: each reads its first block
+                feed.start()  # while the others do, not after the first item of the one before
         index = owned.index(self._next) if self._next != -1 else 0
         live = count - sum(ended)
         while live:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import time
 from collections import defaultdict
 from itertools import islice
 from typing import Any
@@ -287,6 +288,39 @@ def test_a_checkpoint_taken_with_k_workers_restores_with_another_count(method: s
         with ShardedIterator(factory, 6, 0, 1, workers=workers, start_method=method) as other:
             other.setstate(state)
             assert list(other) == reference[9:], workers
+    assert not multiprocessing.active_children()
+
+
+FIRST_PULL = multiprocessing.get_context("fork").Array("d", 2)
+
+
+class SlowFirstItem:
+    """Shard `shard`'s items 0..4; shard 0 takes 0.6 s for its first one (a first block
+    read); each shard records when its worker first pulled (in `FIRST_PULL`)."""
+
+    def __init__(self, shard: int) -> None:
+        self.shard = shard
+
+    def __call__(self, item: int) -> int:
+        if item == 0:
+            FIRST_PULL[self.shard] = time.monotonic()
+            if self.shard == 0:
+                time.sleep(0.6)
+        return 10 * self.shard + item
+
+
+def slow_first_factory(shard: int, num_shards: int) -> it.CheckpointableIterator[int]:
+    return it.MapIterator(it.NativeCheckpointableIterator(range(5)), SlowFirstItem(shard))
+
+
+def test_every_worker_starts_at_the_first_next_not_after_the_items_before_its_own() -> None:
+    FIRST_PULL[0] = FIRST_PULL[1] = 0.0
+    with ShardedIterator(slow_first_factory, 2, 0, 1, workers=2, start_method="fork") as sharded:
+        asked = time.monotonic()
+        assert next(sharded) == 0
+        # Worker 1 read its first item while worker 0 was slow, not once that came.
+        assert 0 < FIRST_PULL[1] - asked < 0.4
+        assert list(sharded) == [10, 1, 11, 2, 12, 3, 13, 4, 14]
     assert not multiprocessing.active_children()
 
 
