@@ -22,6 +22,10 @@ buffer, as a collate function makes a tensor) in both runs:
 
   sharded-collated, ceiling-collated.
 
+And, in this one process, what transferring the batches costs a half pipeline: two
+half pipelines interleaved in 10,000-line segments, one pickling (or pickling and
+unpickling) its batches, CPU time ratio over 8 rounds of 8 pairs.
+
 Reports wall-clock ratios (medians): ceiling / sharded (target >= 0.9: within 10 % of the
 ceiling) and the speed-up over infinibatch, with the CPU time of every run (consumer and
 worker processes). Also, for docs/howto/elastic.md: the JSON size of a P1 ShardedIterator
@@ -54,6 +58,7 @@ from bench_background import (
     measured_run,
     tokenize,
 )
+from bench_stats import round_mean
 from corpus import build_corpus, read_chunk
 
 import infinibatch_like.iterators as ours
@@ -139,6 +144,46 @@ def ceiling_run(
         process.join()
     wall = time.perf_counter() - started
     return wall, children_cpu() - children_before
+
+
+def _take(pipeline: Any, lines: int, transfer: str) -> float:
+    """CPU seconds to take `lines` lines of batches, each `transfer`red ("none",
+    "pickle": pickled, "round trip": pickled and unpickled)."""
+    started = time.process_time()
+    seen = 0
+    while seen < lines:
+        batch = next(pipeline)
+        if transfer != "none":
+            data = pickle.dumps(batch, pickle.HIGHEST_PROTOCOL)
+            if transfer == "round trip":
+                batch = pickle.loads(data)
+        seen += len(batch)
+    return time.process_time() - started
+
+
+def transfer_cost(
+    chunks: list[str], transfer: str, rounds: int = 8, pairs: int = 8
+) -> tuple[float, float]:
+    """The CPU cost of `transfer` on a half pipeline, measured in this process: per round,
+    two fresh half pipelines take turns consuming 10,000-line segments, one of them
+    transferring its batches; (geometric mean of the rounds' median ratio, its standard
+    error)."""
+    ratios_by_round = []
+    for index in range(rounds):
+        pipelines = [P1Shard(chunks)(0, WORKERS) for _ in range(2)]
+        measured = index % 2
+        for pipeline in pipelines:
+            _take(pipeline, 10_000, "none")
+        ratios = []
+        for pair in range(pairs):
+            seconds = [0.0, 0.0]
+            for which in (0, 1) if pair % 2 == 0 else (1, 0):
+                seconds[which] = _take(
+                    pipelines[which], 10_000, transfer if which == measured else "none"
+                )
+            ratios.append(seconds[measured] / seconds[1 - measured])
+        ratios_by_round.append(ratios)
+    return round_mean(ratios_by_round)
 
 
 def state_bytes_per_shard(chunks: list[str], shards: int) -> float:
@@ -242,6 +287,12 @@ def main(argv: list[str] | None = None) -> int:
                 "-",
                 f"CPU {median(cpu[name]):.2f} s",
             ]
+        )
+    for transfer in ("pickle", "round trip"):
+        cost, error = transfer_cost(chunks, transfer)
+        results[f"{transfer.replace(' ', '_')}_cost"] = {"ratio": cost, "standard_error": error}
+        rows.append(
+            [f"half pipeline, in one process: {transfer} / none", cost, "-", f"+- {error:.3f}"]
         )
     print_table(
         "Sharded workers vs the ceiling (wall clock, medians)",
