@@ -45,6 +45,7 @@ import random
 import sys
 import time
 from array import array
+from functools import partial
 from typing import Any
 
 import _util
@@ -58,7 +59,7 @@ from bench_background import (
     measured_run,
     tokenize,
 )
-from bench_stats import round_mean
+from bench_stats import consume, paired_ratios, round_mean
 from corpus import build_corpus, read_chunk
 
 import infinibatch_like.iterators as ours
@@ -147,16 +148,15 @@ def ceiling_run(
 
 
 def _take(pipeline: Any, lines: int, transfer: str) -> float:
-    """CPU seconds to take `lines` lines of batches, each `transfer`red ("none",
-    "pickle": pickled, "round trip": pickled and unpickled)."""
+    """CPU seconds to take `lines` lines of batches, each pickled (`transfer` "pickle") or
+    pickled and unpickled ("round trip")."""
     started = time.process_time()
     seen = 0
     while seen < lines:
         batch = next(pipeline)
-        if transfer != "none":
-            data = pickle.dumps(batch, pickle.HIGHEST_PROTOCOL)
-            if transfer == "round trip":
-                batch = pickle.loads(data)
+        data = pickle.dumps(batch, pickle.HIGHEST_PROTOCOL)
+        if transfer == "round trip":
+            batch = pickle.loads(data)
         seen += len(batch)
     return time.process_time() - started
 
@@ -173,16 +173,14 @@ def transfer_cost(
         pipelines = [P1Shard(chunks)(0, WORKERS) for _ in range(2)]
         measured = index % 2
         for pipeline in pipelines:
-            _take(pipeline, 10_000, "none")
-        ratios = []
-        for pair in range(pairs):
-            seconds = [0.0, 0.0]
-            for which in (0, 1) if pair % 2 == 0 else (1, 0):
-                seconds[which] = _take(
-                    pipelines[which], 10_000, transfer if which == measured else "none"
-                )
-            ratios.append(seconds[measured] / seconds[1 - measured])
-        ratios_by_round.append(ratios)
+            consume(pipeline, 10_000)
+        takes = [
+            partial(_take, pipeline, 10_000, transfer)
+            if which == measured
+            else partial(consume, pipeline, 10_000)
+            for which, pipeline in enumerate(pipelines)
+        ]
+        ratios_by_round.append(paired_ratios(takes, measured, pairs))
     return round_mean(ratios_by_round)
 
 

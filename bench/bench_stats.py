@@ -36,6 +36,8 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import _util
@@ -58,6 +60,19 @@ def consume(pipeline: Any, lines: int) -> float:
     return time.process_time() - started
 
 
+def paired_ratios(takes: Sequence[Callable[[], float]], measured: int, pairs: int) -> list[float]:
+    """``takes[i]()`` consumes a segment of pipeline `i` (of two) and returns its CPU
+    seconds: the ratio of pipeline `measured`'s over the other's, for `pairs` pairs of
+    segments taken in turn, the order within a pair alternating."""
+    ratios = []
+    for pair in range(pairs):
+        seconds = [0.0, 0.0]
+        for index in (0, 1) if pair % 2 == 0 else (1, 0):
+            seconds[index] = takes[index]()
+        ratios.append(seconds[measured] / seconds[1 - measured])
+    return ratios
+
+
 def interleaved_round(
     library: _util.Library,
     chunks: list[str],
@@ -75,13 +90,8 @@ def interleaved_round(
     measured = 1 if on is None else on
     for pipeline in pipelines:  # the first block read, and the first lines
         consume(pipeline, segment)
-    ratios = []
-    for pair in range(pairs):
-        order = (0, 1) if pair % 2 == 0 else (1, 0)
-        seconds = [0.0, 0.0]
-        for index in order:
-            seconds[index] = consume(pipelines[index], segment)
-        ratios.append(seconds[measured] / seconds[1 - measured])
+    takes = [partial(consume, pipeline, segment) for pipeline in pipelines]
+    ratios = paired_ratios(takes, measured, pairs)
     if on is not None:  # the statistics were really collected
         assert (stats.collect(pipelines[on])[0]["items_out"] or 0) > 0
     for pipeline in pipelines:
