@@ -14,6 +14,9 @@ P1 (from bench_background.py): gzip chunks -> chunked_dataset_iterator (blockwis
   ceiling       two independent processes started together, each running P1 (this
                 library, one process) over half of the chunks and half of the lines, with
                 nothing exchanged: the best two processes can do on this machine;
+  ceiling-gc    the same, each process with the garbage collector settings of the
+                library's worker processes (`set_worker_gc`'s defaults): how much of
+                sharded's speed comes from those settings rather than from the sharding;
   floor         the ceiling's two processes, each also pickling and unpickling every batch
                 it makes: what moving the batches costs, without a process boundary.
 
@@ -63,6 +66,7 @@ from bench_stats import consume, paired_ratios, round_mean
 from corpus import build_corpus, read_chunk
 
 import infinibatch_like.iterators as ours
+from infinibatch_like._background.worker_gc import DEFAULT, apply
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.sharded import ShardedIterator, owned_shards
 
@@ -116,7 +120,11 @@ def sharded(
     return ShardedIterator(factory, shards, 0, 1, workers=WORKERS, buffer_size=buffer_size)
 
 
-def _half(chunks: list[str], half: int, lines: int, collated: bool, round_trip: bool) -> None:
+def _half(
+    chunks: list[str], half: int, lines: int, collated: bool, round_trip: bool, worker_gc: bool
+) -> None:
+    if worker_gc:
+        apply(DEFAULT)
     pipeline = P1Shard(chunks, collated)(half, WORKERS)
     seen = 0
     for batch in pipeline:
@@ -128,15 +136,23 @@ def _half(chunks: list[str], half: int, lines: int, collated: bool, round_trip: 
 
 
 def ceiling_run(
-    chunks: list[str], lines: int, collated: bool = False, round_trip: bool = False
+    chunks: list[str],
+    lines: int,
+    collated: bool = False,
+    round_trip: bool = False,
+    worker_gc: bool = False,
 ) -> tuple[float, float]:
     """(wall, CPU) of two independent half pipelines run at the same time (each pickling
-    and unpickling every batch if `round_trip`)."""
+    and unpickling every batch if `round_trip`; with the collector settings of the
+    library's worker processes if `worker_gc`)."""
     context = multiprocessing.get_context("fork")
     children_before = children_cpu()
     started = time.perf_counter()
     processes = [
-        context.Process(target=_half, args=(chunks, half, lines // WORKERS, collated, round_trip))
+        context.Process(
+            target=_half,
+            args=(chunks, half, lines // WORKERS, collated, round_trip, worker_gc),
+        )
         for half in range(WORKERS)
     ]
     for process in processes:
@@ -228,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         "sharded": pipeline_run(lambda: sharded(chunks, 2, buffer)),
         "sharded-8": pipeline_run(lambda: sharded(chunks, 8, buffer)),
         "ceiling": lambda: ceiling_run(chunks, lines),
+        "ceiling-gc": lambda: ceiling_run(chunks, lines, worker_gc=True),
         "floor": lambda: ceiling_run(chunks, lines, round_trip=True),
         "sharded-collated": pipeline_run(lambda: sharded(chunks, 2, buffer, collated=True)),
         "ceiling-collated": lambda: ceiling_run(chunks, lines, collated=True),
@@ -256,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     comparisons = [
         ("sharded", "ceiling"),
         ("sharded-8", "ceiling"),
+        ("sharded", "ceiling-gc"),
         ("floor", "ceiling"),
         ("sharded", "floor"),
         ("sharded-collated", "ceiling-collated"),

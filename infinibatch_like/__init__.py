@@ -5,6 +5,7 @@ iterator of `infinibatch_like.iterators`.
 """
 
 from ._background.stage import start_background
+from ._background.worker_gc import set_worker_gc
 from .checkpoint_files import CheckpointFileError, load_checkpoint, save_checkpoint
 from .iterators import *  # noqa: F403
 from .iterators import __all__ as _iterator_names
@@ -13,6 +14,7 @@ __version__ = "0.1.0"
 __all__ = [
     *_iterator_names,
     "start_background",
+    "set_worker_gc",
     "save_checkpoint",
     "load_checkpoint",
     "CheckpointFileError",

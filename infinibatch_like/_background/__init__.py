@@ -4,6 +4,7 @@ consumer, shared by every background stage.
 - `errors`: `WorkerError`, and how a worker's exception reaches the consumer.
 - `lifecycle`: start methods, starting and stopping worker processes, the registry of
   live workers (stopped at exit), the timeouts.
+- `worker_gc`: the garbage collector of worker processes (`set_worker_gc`).
 - `wire`: how objects and bytes cross a process boundary (cloudpickle for pipelines,
   framed messages on pipes that the reader polls, so that a dead writer never hangs it).
 - `messages`: the typed messages between workers and the consumer.

@@ -33,6 +33,7 @@ from .lifecycle import (
     worker_setup,
 )
 from .messages import Batch, End, Failure, Mark, Message
+from .worker_gc import WorkerGC, worker_gc
 
 logger = logging.getLogger("infinibatch_like")
 
@@ -296,6 +297,7 @@ def _producer_main(
     parent: int,
     where: str,
     produced: Any,
+    collector: WorkerGC,
 ) -> None:
     """Entry point of a producer worker process; `produced` (a shared counter, None while
     statistics are off) counts the items it produces."""
@@ -305,7 +307,7 @@ def _producer_main(
         if hasattr(holder[0], "close"):
             holder[0].close()
 
-    worker_setup(parent, close_pipeline)
+    worker_setup(parent, close_pipeline, collector)
     pace = Pace(production.max_batch)
     outbox = _Outbox(writer.fileno(), capacity, pace)
     try:
@@ -351,7 +353,16 @@ class ProcessChannel(Channel):
         self._receiver, writer = context.Pipe(duplex=False)
         self._process: BaseProcess = context.Process(  # type: ignore[attr-defined]
             target=_producer_main,
-            args=(payload, production, capacity, writer, os.getpid(), where, self._produced),
+            args=(
+                payload,
+                production,
+                capacity,
+                writer,
+                os.getpid(),
+                where,
+                self._produced,
+                worker_gc(),
+            ),
             name=f"infinibatch_like.{name}.worker",
             daemon=False,
         )

@@ -23,7 +23,8 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from . import stacks
+from . import stacks, worker_gc
+from .worker_gc import WorkerGC
 
 logger = logging.getLogger("infinibatch_like")
 
@@ -198,8 +199,9 @@ def parent_alive(parent: int) -> bool:
     return True
 
 
-def worker_setup(parent: int, on_exit: Callable[[], None]) -> None:
-    """What a worker process does first: leave Ctrl-C to its consumer, run `on_exit`
+def worker_setup(parent: int, on_exit: Callable[[], None], collector: WorkerGC) -> None:
+    """What a worker process does first: set its garbage `collector` (`set_worker_gc`, as
+    the consumer had it when it started the worker), leave Ctrl-C to its consumer, run `on_exit`
     then exit at once on SIGTERM or when `parent` is gone (checked every `PARENT_CHECK_S`),
     and answer requests for its stacks (`stacks.STACKS_SIGNAL`, e.g. from a `Watchdog`).
 
@@ -207,6 +209,7 @@ def worker_setup(parent: int, on_exit: Callable[[], None]) -> None:
     wakeup descriptor, whichever thread the signal lands on: a handler would run only in
     the main thread, and only once that thread returns from what blocks it (e.g. writing
     a result to a full pipe), which a signal taken by another thread does not interrupt."""
+    worker_gc.apply(collector)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     wakeup_reader, wakeup_writer = os.pipe()
     os.set_blocking(wakeup_writer, False)

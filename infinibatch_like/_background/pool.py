@@ -29,6 +29,7 @@ from .lifecycle import (
     worker_setup,
 )
 from .messages import Result, Task
+from .worker_gc import WorkerGC, worker_gc
 
 
 def _apply(
@@ -72,9 +73,10 @@ def _map_main(
     parent: int,
     owner: str,
     where: str,
+    collector: WorkerGC,
 ) -> None:
     """Entry point of a map worker process of `owner` (the stage's name)."""
-    worker_setup(parent, lambda: None)
+    worker_setup(parent, lambda: None, collector)
     if payload is not None:
         transform = pickle.loads(payload)
     assert transform is not None
@@ -166,6 +168,7 @@ class ProcessPool(Pool):
                         os.getpid(),
                         name,
                         where,
+                        worker_gc(),
                     ),
                     name=f"infinibatch_like.{name}.worker-{index}",
                     daemon=False,
