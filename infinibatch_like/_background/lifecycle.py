@@ -24,7 +24,6 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from . import stacks, worker_gc
-from .worker_gc import WorkerGC
 
 logger = logging.getLogger("infinibatch_like")
 
@@ -199,11 +198,12 @@ def parent_alive(parent: int) -> bool:
     return True
 
 
-def worker_setup(parent: int, on_exit: Callable[[], None], collector: WorkerGC) -> None:
+def worker_setup(parent: int, on_exit: Callable[[], None], collector: worker_gc.WorkerGC) -> None:
     """What a worker process does first: set its garbage `collector` (`set_worker_gc`, as
-    the consumer had it when it started the worker), leave Ctrl-C to its consumer, run `on_exit`
-    then exit at once on SIGTERM or when `parent` is gone (checked every `PARENT_CHECK_S`),
-    and answer requests for its stacks (`stacks.STACKS_SIGNAL`, e.g. from a `Watchdog`).
+    the consumer had it when it started the worker), leave Ctrl-C to its consumer, run
+    `on_exit` then exit at once on SIGTERM or when `parent` is gone (checked every
+    `PARENT_CHECK_S`), and answer requests for its stacks (`stacks.STACKS_SIGNAL`, e.g.
+    from a `Watchdog`).
 
     Both are watched by a thread of its own. A SIGTERM reaches it through the signal
     wakeup descriptor, whichever thread the signal lands on: a handler would run only in
