@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import os
 import subprocess
@@ -22,6 +23,68 @@ def _extra_requirements(extra: str) -> set[str]:
         if requirement.marker is not None and requirement.marker.evaluate({"extra": extra}):
             names.add(requirement.name)
     return names
+
+
+def _requirements(distribution: str, extras: frozenset[str]) -> list[Requirement]:
+    """The requirements of an installed `distribution` that apply with `extras` asked for."""
+    applying = []
+    for text in importlib.metadata.requires(distribution) or []:
+        requirement = Requirement(text)
+        marker = requirement.marker
+        if marker is None or any(marker.evaluate({"extra": extra}) for extra in extras or {""}):
+            applying.append(requirement)
+    return applying
+
+
+def _installed_closure(distribution: str, extras: frozenset[str]) -> set[str]:
+    """Normalised names of the distributions that `pip install distribution[extras]` installs."""
+    visited: set[tuple[str, frozenset[str]]] = set()
+    pending = [(distribution, extras)]
+    while pending:
+        name, wanted = pending.pop()
+        for requirement in _requirements(name, wanted):
+            step = (requirement.name, frozenset(requirement.extras))
+            if step not in visited:
+                visited.add(step)
+                pending.append(step)
+    return {name.lower().replace("_", "-") for name, _ in visited}
+
+
+def _third_party_imports(paths: list[Path]) -> set[str]:
+    """Top-level module names imported by `paths` that are neither standard library nor local."""
+    repo = Path(__file__).resolve().parents[1]
+    local = {path.stem for path in [*paths, *(repo / "bench").glob("*.py")]} | {"infinibatch_like"}
+    names = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.partition(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.partition(".")[0])
+    return names - local - set(sys.stdlib_module_names) - {"__future__"}
+
+
+def test_every_requirement_of_every_extra_has_an_upper_bound() -> None:
+    unbounded = []
+    for text in importlib.metadata.requires("infinibatch_like") or []:
+        requirement = Requirement(text)
+        operators = {spec.operator for spec in requirement.specifier}
+        if not operators & {"<", "<=", "==", "~="}:
+            unbounded.append(text)
+    assert unbounded == [], f"requirements without an upper bound: {unbounded}"
+
+
+def test_test_extra_installs_every_package_the_tests_and_tutorials_import() -> None:
+    repo = Path(__file__).resolve().parents[1]
+    files = sorted((repo / "test").glob("*.py")) + sorted((repo / "tutorials").glob("*.py"))
+    installed = _installed_closure("infinibatch_like", frozenset({"test"}))
+    providers = importlib.metadata.packages_distributions()
+    undeclared = {}
+    for module in sorted(_third_party_imports(files)):
+        names = {name.lower().replace("_", "-") for name in providers.get(module, [module])}
+        if not names & installed:
+            undeclared[module] = sorted(names)
+    assert undeclared == {}, f"imported by the tests but not installed by [test]: {undeclared}"
 
 
 def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:

@@ -39,6 +39,19 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
     assert test_command in ci_lines, f".ci/run does not run {test_command!r}"
 
 
+def test_ci_runs_the_test_command_in_a_virtual_environment_it_creates() -> None:
+    """Nothing installed on the machine by hand can make CI pass: the README's test command
+    runs in a venv made by the same script, with the caller's PYTHONPATH dropped."""
+    lines = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    test_line = lines.index(two_commands()[1])
+    creates = [i for i, line in enumerate(lines) if re.match(r"python3? -m venv ", line)]
+    activates = [i for i, line in enumerate(lines) if re.match(r"source .*/bin/activate", line)]
+    assert creates, "CI does not create a virtual environment"
+    assert activates, "CI does not activate a virtual environment"
+    assert creates[0] < activates[0] < test_line
+    assert "unset PYTHONPATH" in lines[activates[0] : test_line]
+
+
 def test_ci_script_is_strict_bash() -> None:
     script = (REPO / ".ci" / "run").read_text()
     assert script.startswith("#!/usr/bin/env bash\n")
