@@ -97,6 +97,7 @@ def test_a_seed_is_needed_where_the_shuffle_decides(index: ChunkIndex) -> None:
         (lambda i: i.items_per_epoch(train=False), "shuffle=True is not supported"),
         (lambda i: i.items_per_epoch(train=False, shuffle=False, epoch=1), "one pass"),
         (lambda i: i.batches_per_epoch(0), "batch_size must be an int >= 1, got 0"),
+        (lambda i: i.shards(0), "ChunkIndex.shards: num_shards must be >= 1, got 0"),
     ],
 )
 def test_bad_arguments(index: ChunkIndex, call: object, message: str) -> None:
