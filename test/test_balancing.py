@@ -4,8 +4,10 @@ within one chunk's count of each other, and clear errors."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -15,6 +17,7 @@ from infinibatch_like.balancing import balanced_shards
 
 COUNTS = st.lists(st.integers(0, 10_000), max_size=200)
 SHARDS = st.integers(1, 40)
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _loads(counts: list[int], shards: list[list[int]]) -> list[int]:
@@ -71,7 +74,7 @@ def test_the_same_shards_in_another_interpreter() -> None:
     outputs = {
         subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, check=True,
-            env={"PYTHONHASHSEED": seed, "PYTHONPATH": sys.path[0]},
+            env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(REPO)},
         ).stdout
         for seed in ("1", "2")
     }  # fmt: skip
