@@ -1,7 +1,7 @@
 """Doing one piece of a chunking job: read its items, write its chunks and its manifest.
 
 A piece is read twice: once to count its items, then to cut them into chunks of nearly
-equal sizes (`chunk_sizes`); only one block of input and one chunk are held at a time.
+equal sizes (`chunk_sizes`); counting first costs a read, not memory.
 
 `write_piece` runs in a worker process or a Dask task; it takes and returns plain,
 picklable values. A chunk file that already exists (written by an interrupted run of the
