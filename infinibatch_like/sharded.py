@@ -188,15 +188,19 @@ class ShardedIterator(Stage[T]):
     the shards, so that it restores on another number of ranks or workers.
 
     ``factory(shard, num_shards)`` builds the whole pipeline of one shard (e.g. its chunks
-    ``chunk_refs[shard::num_shards]`` read, shuffled with a seed derived from the shard,
-    tokenized and batched); it must be deterministic. This rank runs the shards ``s`` with
-    ``s % world_size == rank`` and yields their items round-robin in shard order (a shard
-    that ended is skipped; the stream ends when all have ended). With ``workers=k``, the
-    shards run in `k` worker processes (shard number ``i`` of this rank in worker
-    ``i % k``), each a `PrefetchIterator` over its shards: only the shard pipelines'
-    outputs (e.g. finished batches) cross the process boundary, and the interleave is the
-    same as with ``workers=0`` (everything in this process). `set_weights` changes the
-    mixture of every shard's `WeightedMultiplexIterator` exactly, with or without workers.
+    read, shuffled with a seed derived from the shard, tokenized and batched); it must be
+    deterministic. Split the chunks by item count rather than by stride, so that shards
+    (and ranks) get as many items: ``index.shards(num_shards)[shard]`` for a
+    `ChunkIndex`, `infinibatch_like.balancing.balanced_shards` for ``(chunk, count)``
+    pairs (compute the split once, outside the factory, for a long chunk list). This rank
+    runs the shards ``s`` with ``s % world_size == rank`` and yields their items
+    round-robin in shard order (a shard that ended is skipped; the stream ends when all
+    have ended). With ``workers=k``, the shards run in `k` worker processes (shard number
+    ``i`` of this rank in worker ``i % k``), each a `PrefetchIterator` over its shards:
+    only the shard pipelines' outputs (e.g. finished batches) cross the process boundary,
+    and the interleave is the same as with ``workers=0`` (everything in this process).
+    `set_weights` changes the mixture of every shard's `WeightedMultiplexIterator` exactly,
+    with or without workers.
 
     Args:
         factory: ``factory(shard, num_shards)`` -> the shard's CheckpointableIterator.

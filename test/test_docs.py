@@ -128,6 +128,7 @@ API_CONTENT = {
         ("rank_and_world_size", "This process's rank"),
         ("gather_state", "one plain-data dict"),
         ("EqualLengthIterator", "the same number of items"),
+        ("balanced_shards", "nearly equal item counts per shard"),
     ],
     "api/torch.md": [("CheckpointableDataset", "IterableDataset"), ("pad_batch", "")],
     "api/long-runs.md": [

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from infinibatch_like.__main__ import main
 from infinibatch_like.io import read_jsonl, read_lines, read_records
 from infinibatch_like.prepare import ChunkIndexError, chunk_corpus, load_index, read_index
-from infinibatch_like.prepare.plan import Job, line_pieces
-from infinibatch_like.prepare.writer import _chunk_payloads
+from infinibatch_like.prepare.plan import Job, Piece, file_pieces, line_pieces
+from infinibatch_like.prepare.writer import _chunk_payloads, _cut
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,14 +61,49 @@ def test_lines_become_chunks_read_back_in_order(tmp_path: Path) -> None:
         [str(tmp_path / "in" / "part-*")], str(tmp_path / "out"), items_per_chunk=3, workers=1
     )
     assert len(index) == len(expected) == 24
-    # chunks never straddle inputs: 7 -> 3+3+1, 0 -> none, 12 -> 3*4, 5 -> 3+2
-    assert [chunk.items for chunk in index.chunks] == [3, 3, 1, 3, 3, 3, 3, 3, 2]
+    # chunks never straddle inputs, and an input's chunks differ by one item at most:
+    # 7 -> 3+2+2, 0 -> none, 12 -> 3*4, 5 -> 3+2
+    assert [chunk.items for chunk in index.chunks] == [3, 2, 2, 3, 3, 3, 3, 3, 2]
     assert all(ref.endswith(".txt.gz") for ref in index.chunk_refs)
     assert [line for ref in index.chunk_refs for line in read_lines(ref)] == expected
     loaded = load_index(str(tmp_path / "out"))
     assert loaded == index
     assert loaded.job["items_per_chunk"] == 3
     assert loaded.job["compress"] == "gz"
+
+
+def _even(items: int, per_chunk: int) -> list[int]:
+    """ceil(items / per_chunk) sizes differing by at most one, the larger ones first."""
+    count = -(-items // per_chunk)
+    return [items // count + (number < items % count) for number in range(count)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(items=st.integers(0, 60), per_chunk=st.integers(1, 12), gzipped=st.booleans())
+def test_each_input_is_cut_into_chunks_of_nearly_equal_sizes(
+    tmp_path_factory: pytest.TempPathFactory, items: int, per_chunk: int, gzipped: bool
+) -> None:
+    lines = [f"line {i}" for i in range(items)]
+    path = _write_lines(
+        tmp_path_factory.mktemp("even") / f"in.txt{'.gz' if gzipped else ''}", lines
+    )
+    job = Job("lines", (str(path),), per_chunk, "none", 1 << 20, "")
+    (piece,) = line_pieces([str(path)], 1 << 20)
+    chunks = list(_chunk_payloads(job, piece, None))
+    assert [number for number, _, _ in chunks] == list(range(len(chunks)))
+    assert [count for _, _, count in chunks] == _even(items, per_chunk)
+    assert [line for _, payload, _ in chunks for line in payload.decode().split("\n")[:-1]] == lines
+
+
+def test_json_lines_chunk_sizes_count_only_the_records(tmp_path: Path) -> None:
+    records = [json.dumps({"id": i}) for i in range(7)]
+    with_blanks = [line for record in records for line in (record, "", " \t")]
+    index = chunk_corpus(
+        [str(_write_lines(tmp_path / "a.jsonl", with_blanks))], str(tmp_path / "out"),
+        items_per_chunk=3, workers=1,
+    )  # fmt: skip
+    assert [chunk.items for chunk in index.chunks] == [3, 2, 2]
+    assert [json.dumps(r) for ref in index.chunk_refs for r in read_jsonl(ref)] == records
 
 
 def test_jsonl_to_zstd_chunks(tmp_path: Path) -> None:
@@ -92,6 +127,19 @@ def test_directory_of_small_files_is_packed_as_records(tmp_path: Path) -> None:
     assert [chunk.items for chunk in index.chunks] == [2, 1]
     records = [record for ref in index.chunk_refs for record in read_records(ref)]
     assert [(record.name, record.data) for record in records] == sorted(files.items())
+
+
+@pytest.mark.parametrize(("files", "per_chunk"), [(7, 3), (9, 4), (4, 4), (1, 5), (10, 1)])
+def test_directory_files_are_packed_in_chunks_of_nearly_equal_sizes(
+    tmp_path: Path, files: int, per_chunk: int
+) -> None:
+    for number in range(files):
+        (tmp_path / f"f{number:02d}.bin").write_bytes(b"x" * number)
+    pieces = file_pieces(str(tmp_path), per_chunk)
+    assert [len(piece.names) for piece in pieces] == _even(files, per_chunk)
+    assert [name for piece in pieces for name in piece.names] == [
+        f"f{number:02d}.bin" for number in range(files)
+    ]
 
 
 def test_output_is_byte_identical_whatever_the_workers(tmp_path: Path) -> None:
@@ -308,6 +356,39 @@ def test_changed_input_is_another_job(tmp_path: Path) -> None:
     assert "plan:" in _chunk_error(tmp_path, [str(tmp_path / "a.txt")])
 
 
+def test_output_of_the_earlier_chunk_layout_is_refused(tmp_path: Path) -> None:
+    # an unfinished job of a version that cut full chunks and a short remainder: finishing
+    # it with chunks of other sizes would mix two layouts under one index
+    _corpus(tmp_path / "in")
+    inputs = [str(tmp_path / "in" / "part-*")]
+    chunk_corpus(inputs, str(tmp_path / "out"), items_per_chunk=3, workers=1)
+    (tmp_path / "out" / "index.json").unlink()
+    recorded = json.loads((tmp_path / "out" / "job.json").read_text())
+    del recorded["chunk_sizes"]
+    (tmp_path / "out" / "job.json").write_text(json.dumps(recorded))
+    message = _chunk_error(tmp_path, inputs)
+    assert "holds the chunks of a different job (chunk_sizes: None there, 'even' now)" in message
+
+
+@pytest.mark.parametrize(
+    ("blocks", "sizes", "what"),
+    [
+        ([[b"a", b"b"], [b"c"]], [2], "more"),
+        ([[b"a"], []], [1, 1], "fewer"),
+        ([[b"a"]], [], "more"),
+    ],
+)
+def test_an_input_that_changes_between_its_two_reads_is_refused(
+    blocks: list[list[bytes]], sizes: list[int], what: str
+) -> None:
+    piece = Piece(0, "in.txt")
+    with pytest.raises(
+        ValueError,
+        match=rf"chunk: in.txt changed while it was read: \d+ items counted, then {what}",
+    ):
+        list(_cut(blocks, sizes, piece))
+
+
 # -- load_index and verify ----------------------------------------------------------------
 
 
@@ -366,7 +447,8 @@ def test_verify_reports_each_bad_chunk(chunked: Path, capsys: pytest.CaptureFixt
     data = gzip.decompress(chunks[1].read_bytes())
     chunks[1].write_bytes(gzip.compress(data.replace(b"line", b"LINE"), mtime=0))
     chunks[2].write_bytes(chunks[2].read_bytes()[:-9])  # truncated gzip
-    chunks[3].write_bytes(gzip.compress(data + b"extra\n", mtime=0))
+    fourth = gzip.decompress(chunks[3].read_bytes())
+    chunks[3].write_bytes(gzip.compress(fourth + b"extra\n", mtime=0))
     (chunked / "chunk-000009-000000.txt.gz").write_bytes(b"")
     assert main(["verify", str(chunked)]) == 1
     out = capsys.readouterr().out.splitlines()

@@ -1,8 +1,11 @@
-"""`load_index`'s epoch arithmetic against the pipeline it describes, iterated for real."""
+"""`load_index`'s epoch arithmetic and shards against the pipelines they describe, iterated
+for real."""
 
 from __future__ import annotations
 
+import random
 from itertools import islice
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -13,20 +16,21 @@ from infinibatch_like.io import read_lines
 from infinibatch_like.iterators import FixedBatchIterator, NativeCheckpointableIterator
 from infinibatch_like.prepare import ChunkIndex, chunk_corpus, load_index
 from infinibatch_like.prepare.index import ChunkEntry, _count_congruent
+from infinibatch_like.sharded import ShardedIterator
 
 WORLD_SIZES = (1, 2, 3, 5)
 
 
 @pytest.fixture(scope="module")
 def index(tmp_path_factory: pytest.TempPathFactory) -> ChunkIndex:
-    """13 chunks of unequal sizes (3 lines a chunk, cut per input file)."""
+    """13 chunks of unequal sizes (at most 3 lines a chunk, cut per input file)."""
     root = tmp_path_factory.mktemp("epochs")
     for number, size in enumerate((7, 0, 12, 5, 9, 1)):
         lines = "".join(f"f{number}-{i}\n" for i in range(size))
         (root / f"in-{number}.txt").write_text(lines)
     chunk_corpus([str(root / "in-*.txt")], str(root / "out"), items_per_chunk=3, workers=1)
     loaded = load_index(str(root / "out"))
-    assert [chunk.items for chunk in loaded.chunks] == [3, 3, 1, 3, 3, 3, 3, 3, 2, 3, 3, 3, 1]
+    assert [chunk.items for chunk in loaded.chunks] == [3, 2, 2, 3, 3, 3, 3, 3, 2, 3, 3, 3, 1]
     return loaded
 
 
@@ -93,6 +97,7 @@ def test_a_seed_is_needed_where_the_shuffle_decides(index: ChunkIndex) -> None:
         (lambda i: i.items_per_epoch(train=False), "shuffle=True is not supported"),
         (lambda i: i.items_per_epoch(train=False, shuffle=False, epoch=1), "one pass"),
         (lambda i: i.batches_per_epoch(0), "batch_size must be an int >= 1, got 0"),
+        (lambda i: i.shards(0), "ChunkIndex.shards: num_shards must be >= 1, got 0"),
     ],
 )
 def test_bad_arguments(index: ChunkIndex, call: object, message: str) -> None:
@@ -105,3 +110,37 @@ def test_count_congruent(start: int, length: int, modulus: int, data: st.DataObj
     residue, stop = data.draw(st.integers(0, modulus - 1)), start + length
     expected = sum(1 for p in range(start, stop) if p % modulus == residue)
     assert _count_congruent(start, stop, residue, modulus) == expected
+
+
+def _spread(loads: list[int]) -> float:
+    """(max - min) / mean of items per shard (or per rank)."""
+    return (max(loads) - min(loads)) * len(loads) / sum(loads)
+
+
+def test_shards_of_a_chunked_corpus_are_balanced_within_two_percent(tmp_path: Path) -> None:
+    # inputs of 41 to 79 lines cut by at most 40 lines a chunk: each input gives two chunks
+    # (a stride used to give one shard of each pair the full chunks, the other the
+    # remainders); 6 shards, and 2 ranks of 3 shards each
+    rng = random.Random(0)
+    for number in range(18):
+        lines = "".join(f"in{number}-{i}\n" for i in range(rng.randint(41, 79)))
+        (tmp_path / f"in-{number:02d}.txt").write_text(lines)
+    chunk_corpus([str(tmp_path / "in-*.txt")], str(tmp_path / "out"), items_per_chunk=40)
+    index = load_index(str(tmp_path / "out"))
+    items = {ref: chunk.items for ref, chunk in zip(index.chunk_refs, index.chunks, strict=True)}
+    stride = [sum(index.chunks[p].items for p in range(s, 36, 6)) for s in range(6)]
+    shards = index.shards(6)
+    assert sorted(ref for shard in shards for ref in shard) == sorted(index.chunk_refs)
+    assert shards == index.shards(6)
+    balanced = [sum(items[ref] for ref in shard) for shard in shards]
+    assert _spread(stride) > 0.05  # what a stride gives on these chunks
+    assert _spread(balanced) <= 0.02
+
+    def shard_lines(shard: int, num_shards: int) -> NativeCheckpointableIterator[str]:
+        return NativeCheckpointableIterator(
+            [line for ref in shards[shard] for line in read_lines(ref)]
+        )
+
+    per_rank = [len(list(ShardedIterator(shard_lines, 6, rank, 2))) for rank in range(2)]
+    assert sum(per_rank) == len(index)
+    assert _spread(per_rank) <= 0.02

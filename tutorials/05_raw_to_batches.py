@@ -80,9 +80,10 @@ workdir = Path(tempfile.mkdtemp(prefix="raw_to_batches_"))
 raw_records = write_raw(workdir / "raw")
 
 # ---------------------------------------------------------------------------------------
-# Step 2: chunk and verify. Chunks never straddle input files, so each file ends with a
-# shorter chunk: 1500 -> 4 x 400 (the last 300), 700 -> 400 + 300, 1000 -> 3 (the last 200).
-# Running the same command again does nothing; after an interruption it finishes the job.
+# Step 2: chunk and verify. Chunks never straddle input files, and a file's chunks hold
+# at most 400 records, their sizes differing by one at most: 1500 -> 4 x 375,
+# 700 -> 2 x 350, 1000 -> 334 + 333 + 333. Running the same command again does nothing;
+# after an interruption it finishes the job.
 # ---------------------------------------------------------------------------------------
 
 chunks_dir = workdir / "chunks"
@@ -99,7 +100,7 @@ assert "OK, 9 chunks, 3,200 items" in report
 
 index = load_index(str(chunks_dir))
 assert len(index) == len(raw_records) == 3200
-assert [chunk.items for chunk in index.chunks] == [400, 400, 400, 300, 400, 300, 400, 400, 200]
+assert [chunk.items for chunk in index.chunks] == [375, 375, 375, 375, 350, 350, 334, 333, 333]
 per_rank = [index.items_per_epoch(WORLD_SIZE, rank, seed=SEED) for rank in range(WORLD_SIZE)]
 steps = [index.batches_per_epoch(BATCH_SIZE, WORLD_SIZE, r, seed=SEED) for r in range(WORLD_SIZE)]
 print(f"items per epoch per rank: {per_rank}; batches of {BATCH_SIZE}: {steps}")

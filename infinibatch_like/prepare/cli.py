@@ -39,7 +39,8 @@ def add_commands(commands: Any) -> None:
     )
     chunk.add_argument(
         "--items-per-chunk", type=_positive, required=True, metavar="N",
-        help="lines (or files) per chunk; each input's last chunk may hold fewer",
+        help="the most lines (or files) per chunk; an input of n items becomes "
+        "ceil(n / N) chunks whose sizes differ by one item at most",
     )  # fmt: skip
     chunk.add_argument(
         "--compress", choices=sorted(COMPRESSIONS), default="gz",

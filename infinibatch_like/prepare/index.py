@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._base import require_int
+from ..balancing import balanced_shards
 from ..io import list_chunks, open_chunk
 from ..sources import ChunkedSourceIterator, InfinitePermutationSourceIterator, check_rank
 from ._refs import base_name, is_url, join_ref
@@ -51,7 +53,9 @@ class ChunkIndex:
     ``len(index)`` is the number of items; `chunk_refs` are the chunk references to give
     `chunked_dataset_iterator` (with the reader that fits `kind`: ``read_lines``,
     ``read_jsonl`` or ``read_records`` of `infinibatch_like.io`). `items_per_epoch` and
-    `batches_per_epoch` answer, from the item counts alone, how much data a rank sees.
+    `batches_per_epoch` answer, from the item counts alone, how much data a rank sees;
+    `shards` splits the chunks into shards of nearly equal item counts (for a
+    `ShardedIterator`).
     """
 
     location: str
@@ -72,6 +76,21 @@ class ChunkIndex:
     def chunk_refs(self) -> list[str]:
         """The chunk references (paths or URLs) in stream order."""
         return [join_ref(self.location, chunk.name) for chunk in self.chunks]
+
+    def shards(self, num_shards: int) -> list[list[str]]:
+        """The chunk references of each of `num_shards` shards, balanced by item count:
+        ``balanced_shards(zip(index.chunk_refs, items), num_shards)`` (see there: the same
+        on every rank, each chunk in exactly one shard, shards differing by at most the
+        largest chunk's count). Use it instead of a stride
+        (``chunk_refs[shard::num_shards]``), which gives shards as unequal as the chunks
+        that fall to them.
+
+        Raises:
+            TypeError, ValueError: for a `num_shards` that is not an int >= 1.
+        """
+        require_int("ChunkIndex.shards", "num_shards", num_shards, 1)
+        counts = [chunk.items for chunk in self.chunks]
+        return balanced_shards(zip(self.chunk_refs, counts, strict=True), num_shards)
 
     def rank_chunks(
         self,

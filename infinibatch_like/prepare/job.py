@@ -58,9 +58,12 @@ def chunk_corpus(
             by suffix: .gz, .bz2, .xz, .zst), or local directories whose files become one
             record each (named by their path relative to the directory).
         out: the output directory or URL (created if needed).
-        items_per_chunk: lines (or files) per chunk; the last chunk of each piece (an input
-            file, a `split_bytes` range of a large uncompressed local file, or a directory's
-            run of files) may hold fewer.
+        items_per_chunk: the most lines (or files) per chunk. Each piece (an input file, a
+            `split_bytes` range of a large uncompressed local file, or a directory's files)
+            of n items is cut into ``ceil(n / items_per_chunk)`` chunks whose sizes differ
+            by one item at most, rather than full chunks and a short remainder, so that
+            chunks balance well over shards (`ChunkIndex.shards`). To count its items
+            first, each input file is read twice (decompressed or downloaded twice).
         compress: ``"gz"``, ``"zst"`` or ``"none"``.
         input_format: ``"auto"`` (from the suffix), ``"lines"`` or ``"jsonl"``.
         workers: processes (default: every core); 1 works in this process.

@@ -1,12 +1,14 @@
 """Planning a chunking job: inputs resolved into pieces, the job's identity, chunk names.
 
 A *piece* is the unit of work that one process (or one Dask task) does alone: an input
-file, a byte range of a large uncompressed local file, or a run of `items_per_chunk`
-files of a directory input. Chunks never straddle pieces: a piece is cut into chunks of
-`items_per_chunk` items, the last one possibly shorter, named ``chunk-PPPPPP-KKKKKK``
-after the piece number P and the chunk's number K within it. The plan depends only on
-the inputs and the arguments, never on the number of workers, so the output is the same
-byte for byte however the pieces are scheduled, and a piece can be redone alone.
+file, a byte range of a large uncompressed local file, or a run of at most
+`items_per_chunk` files of a directory input. Chunks never straddle pieces: a piece of n
+items is cut into ``ceil(n / items_per_chunk)`` chunks of sizes differing by one item at
+most (`chunk_sizes`: no short remainder that would unbalance shards), named
+``chunk-PPPPPP-KKKKKK`` after the piece number P and the chunk's number K within it. The
+plan depends only on the inputs and the arguments, never on the number of workers, so the
+output is the same byte for byte however the pieces are scheduled, and a piece can be
+redone alone.
 
 Byte ranges: a piece of ``[start, end)`` of a file holds the lines that *begin* in that
 range (a line beginning before `start` belongs to the previous piece), so every line is
@@ -62,6 +64,10 @@ class Job:
     split_bytes: int
     plan: str
     """SHA-256 of the pieces (input files, their sizes, byte ranges, directory files)."""
+    chunk_sizes: str = "even"
+    """How a piece's items are cut into chunks: ``"even"`` (see `chunk_sizes`). Recorded so
+    that an output written with an earlier layout (full chunks and a short last one) is
+    refused rather than finished with chunks of another size."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -72,6 +78,14 @@ class Job:
         """The file name of chunk `number` of piece `piece`."""
         suffix = CHUNK_SUFFIXES[self.kind] + COMPRESSIONS[self.compress]
         return f"chunk-{piece:06d}-{number:06d}{suffix}"
+
+
+def chunk_sizes(items: int, items_per_chunk: int) -> list[int]:
+    """The sizes of the chunks of a piece of `items` items: ``ceil(items / items_per_chunk)``
+    sizes differing by one at most, the larger ones first."""
+    count = -(-items // items_per_chunk)
+    small, larger = divmod(items, count) if count else (0, 0)
+    return [small + 1] * larger + [small] * (count - larger)
 
 
 def piece_of(chunk_name: str) -> int:
@@ -131,7 +145,7 @@ def line_pieces(refs: list[str], split_bytes: int) -> list[Piece]:
 
 def file_pieces(directory: str, items_per_chunk: int) -> list[Piece]:
     """The pieces of a directory input: its files (recursively, sorted by relative path),
-    `items_per_chunk` to a piece."""
+    at most `items_per_chunk` to a piece, in pieces of `chunk_sizes`."""
     names: list[str] = []
     for root, dirs, files in os.walk(directory):
         dirs.sort()
@@ -141,8 +155,10 @@ def file_pieces(directory: str, items_per_chunk: int) -> list[Piece]:
             names.append(path.replace(os.sep, "/"))
     names.sort()
     pieces: list[Piece] = []
-    for start in range(0, len(names), items_per_chunk):
-        group = tuple(names[start : start + items_per_chunk])
+    start = 0
+    for count in chunk_sizes(len(names), items_per_chunk):
+        group = tuple(names[start : start + count])
+        start += count
         size = sum(os.path.getsize(os.path.join(directory, name)) for name in group)
         pieces.append(Piece(len(pieces), directory, names=group, size=size))
     return pieces

@@ -1,5 +1,8 @@
 """Doing one piece of a chunking job: read its items, write its chunks and its manifest.
 
+A piece is read twice: once to count its items, then to cut them into chunks of nearly
+equal sizes (`chunk_sizes`); counting first costs a read, not memory.
+
 `write_piece` runs in a worker process or a Dask task; it takes and returns plain,
 picklable values. A chunk file that already exists (written by an interrupted run of the
 same job: writes are atomic, so an existing file is whole) is not written again; its
@@ -19,7 +22,7 @@ from typing import IO, Any
 from ..io import Record, open_chunk, open_output, write_records
 from ._refs import join_ref, stored_size
 from .index import ChunkEntry
-from .plan import Job, Piece
+from .plan import Job, Piece, chunk_sizes
 
 PIECES_DIR = "_pieces"
 _BLOCK = 1 << 22
@@ -63,38 +66,61 @@ def write_piece(
 def _chunk_payloads(
     job: Job, piece: Piece, storage_options: dict[str, Any] | None
 ) -> Iterator[tuple[int, bytes, int]]:
-    """(chunk number, decompressed content, item count) for each chunk of `piece`."""
+    """(chunk number, decompressed content, item count) for each chunk of `piece`: a
+    first read counts its items, a second cuts them into chunks of `chunk_sizes`."""
     if job.kind == "files":
         records = [_record(piece.source, name) for name in piece.names]
         buffer = io.BytesIO()
         write_records(buffer, records)
         yield 0, buffer.getvalue(), len(records)
         return
-    with _line_blocks(piece, storage_options) as blocks:
-        if job.kind == "jsonl":
-            blocks = _json_blocks(piece, blocks)
-        for number, (first_line, lines) in enumerate(_cut(blocks, job.items_per_chunk)):
+    with _items(job, piece, storage_options, check=False) as blocks:
+        items = sum(len(block) for block in blocks)
+    sizes = chunk_sizes(items, job.items_per_chunk)
+    with _items(job, piece, storage_options, check=True) as blocks:
+        for number, (first_line, lines) in enumerate(_cut(blocks, sizes, piece)):
             payload = b"\n".join(lines) + b"\n"
             if job.kind == "lines":
                 _check_text(piece, first_line, payload)
             yield number, payload, len(lines)
 
 
-def _cut(blocks: Iterable[list[bytes]], size: int) -> Iterator[tuple[int, list[bytes]]]:
-    """Runs of `size` lines (the last one shorter) from blocks of lines, with the number
-    (from 1) of each run's first line."""
+@contextmanager
+def _items(
+    job: Job, piece: Piece, storage_options: dict[str, Any] | None, *, check: bool
+) -> Iterator[Iterator[list[bytes]]]:
+    """The items of `piece`, a block at a time: its lines, or for JSON lines its lines
+    that hold a value (each parsed if `check`)."""
+    with _line_blocks(piece, storage_options) as blocks:
+        yield _json_blocks(piece, blocks, check) if job.kind == "jsonl" else blocks
+
+
+def _cut(
+    blocks: Iterable[list[bytes]], sizes: list[int], piece: Piece
+) -> Iterator[tuple[int, list[bytes]]]:
+    """Runs of `sizes` lines from blocks of lines, with the number (from 1) of each run's
+    first line; ValueError if the blocks hold more or fewer lines than `sizes` add up to
+    (the input changed since its items were counted)."""
+    runs = iter(sizes)
+    size = next(runs, None)
     pending: list[bytes] = []
     first = 1
     for block in blocks:
         pending.extend(block)
         start = 0
-        while len(pending) - start >= size:
+        while size is not None and len(pending) - start >= size:
             yield first, pending[start : start + size]
             start += size
             first += size
+            size = next(runs, None)
         del pending[:start]
-    if pending:
-        yield first, pending
+        if size is None and pending:
+            break
+    if size is not None or pending:
+        raise ValueError(
+            f"chunk: {_where(piece)} changed while it was read: {sum(sizes)} items counted, "
+            f"then {'more' if pending else 'fewer'}; run the job again once it is stable"
+        )
 
 
 def _record(directory: str, name: str) -> Record:
@@ -119,9 +145,11 @@ def _check_text(piece: Piece, first_line: int, payload: bytes) -> None:
         ) from None
 
 
-def _json_blocks(piece: Piece, blocks: Iterable[list[bytes]]) -> Iterator[list[bytes]]:
-    """The lines that hold a JSON value, each checked; blank lines left out (as
-    ``read_jsonl`` skips them)."""
+def _json_blocks(
+    piece: Piece, blocks: Iterable[list[bytes]], check: bool
+) -> Iterator[list[bytes]]:
+    """The lines that hold a JSON value (each parsed if `check`; UTF-8 decoded always);
+    blank lines left out (as ``read_jsonl`` skips them)."""
     number = 0
     for block in blocks:
         kept = []
@@ -129,7 +157,8 @@ def _json_blocks(piece: Piece, blocks: Iterable[list[bytes]]) -> Iterator[list[b
             try:
                 text = line.decode("utf-8")
                 if text and not text.isspace():
-                    json.loads(text)
+                    if check:
+                        json.loads(text)
                     kept.append(line)
             except ValueError as error:  # UnicodeDecodeError too
                 raise ValueError(

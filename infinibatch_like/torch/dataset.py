@@ -72,9 +72,11 @@ class CheckpointableDataset(torch.utils.data.IterableDataset[T_co]):
     Another number of workers (or of ranks) on resume: torchdata's loader refuses a state
     of another ``num_workers`` itself, and each reader's state here belongs to one reader.
     Build the factory as ``functools.partial(ShardedIterator, shard_factory, num_shards)``
-    (each reader then runs the shards it owns among the readers) and convert the loader
-    states of every old rank with `infinibatch_like.torch.resize_loader_state`: every
-    shard continues where it stopped, on exactly one new reader.
+    (each reader then runs the shards it owns among the readers; give each shard its
+    chunks from ``ChunkIndex.shards`` or `infinibatch_like.balancing.balanced_shards`,
+    which split them by item count) and convert the loader states of every old rank with
+    `infinibatch_like.torch.resize_loader_state`: every shard continues where it stopped,
+    on exactly one new reader.
 
     Args:
         factory: ``factory(instance_rank, num_instances)`` returns a new
