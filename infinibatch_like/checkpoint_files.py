@@ -71,7 +71,7 @@ class DamagedCheckpointWarning(UserWarning):
 
 @dataclass(frozen=True)
 class LoadedCheckpoint:
-    """What `load_checkpoint_info` read."""
+    """The state, file and step that `load_checkpoint_info` read."""
 
     state: State
     """The state, ready for ``pipeline.setstate(...)``."""
