@@ -365,7 +365,7 @@ for target, size in zip(sys.argv[1::2], sys.argv[2::2]):
         with open_output(target) as out:
             out.write(os.urandom(int(size)))
     except OSError as error:
-        print(type(error).__name__, error.errno)
+        print(type(error).__name__, error.errno, error.filename == target)
     else:
         print("written")
 """
@@ -391,6 +391,6 @@ def test_open_output_leaves_no_temporary_file_on_a_full_disk(tmp_path: Path) -> 
         env={**os.environ, "TMPDIR": str(staging)},
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split("\n") == ["OSError 27"] * len(targets) + [""]
+    assert result.stdout.split("\n") == ["OSError 27 True"] * len(targets) + [""]
     assert os.listdir(out) == []
     assert os.listdir(staging) == []

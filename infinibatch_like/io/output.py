@@ -47,6 +47,8 @@ def open_output(
     Raises:
         ValueError: for an unsupported compression suffix (e.g. ``.lz4``), before writing.
         FileExistsError: if a local `ref` exists and is not a regular file, naming it.
+        OSError: from the file system (a full disk, a denied permission), its
+            ``filename`` set to `ref` when the system did not name a file.
         ChunkAccessError, ChunkReadError: when the upload is refused or keeps failing.
     """
     name = os.fspath(ref)
@@ -61,8 +63,10 @@ def open_output(
         if codec is not None:
             writer.close()  # writes the compressed stream's end; `target.file` stays open
         target.commit()
-    except BaseException:
+    except BaseException as error:
         target.abort()
+        if isinstance(error, OSError) and error.errno is not None and error.filename is None:
+            error.filename = name  # e.g. a full disk: say which file could not be written
         raise
 
 
