@@ -281,6 +281,10 @@ def test_a_gz_name_compresses_the_file(tmp_path: Path) -> None:
     path = save_checkpoint(tmp_path / "data-{step}.json.gz", state, step=4, keep=1)
     assert json.loads(gzip.decompress(Path(path).read_bytes()))["state"] == state
     assert load_checkpoint(tmp_path / "data-{step}.json.gz") == state
+    newest = Path(save_checkpoint(tmp_path / "data-{step}.json.gz", state, step=5, keep=2))
+    newest.write_bytes(newest.read_bytes()[:-10])  # a truncated gzip stream
+    with pytest.warns(DamagedCheckpointWarning, match=r"refused newer: .*data-5\.json\.gz: "):
+        assert load_checkpoint_info(tmp_path / "data-{step}.json.gz").step == 4
 
 
 def test_damaged_file_is_not_a_file_not_found_error(tmp_path: Path) -> None:
