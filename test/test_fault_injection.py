@@ -43,6 +43,7 @@ CAMPAIGNS = [
     ("worker SIGKILL", harness.Config("forkserver", "process", "flat"), 2),
     ("SIGTERM", harness.Config("fork", "thread", "flat"), 2),
     ("SIGINT", harness.Config("spawn", "process", "nested"), 1),
+    ("torn checkpoint", harness.Config("fork", "thread", "flat"), 2),
 ]
 
 
