@@ -2,11 +2,11 @@
 
 A file is one JSON document: ``{"format", "version", "step" (if saved with one),
 "fingerprint", "checksum", "state"}``. ``"checksum"`` is the SHA-256 of the rest of the
-document in a canonical form (keys sorted, no spaces), so that any change to it, an
-edited position as much as a damaged byte, is refused at load. ``"fingerprint"`` is a
-digest of the stages' stream-deciding arguments (`pipeline_fingerprint`): two files of
-pipelines built alike have the same one. Version 1 files (no checksum, no step) still
-load, checked by their fingerprint only.
+document in a canonical form (keys sorted, no spaces; the state is written in that form),
+so that any change to it, an edited position as much as a damaged byte, is refused at
+load. ``"fingerprint"`` is a digest of the stages' stream-deciding arguments
+(`pipeline_fingerprint`): two files of pipelines built alike have the same one. Version 1
+files (no checksum, no step) still load, checked by their fingerprint only.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ and ``"step"``; version 1 files are still read)."""
 
 _PREVIEW = 60
 _PLAIN_SCALARS = (str, int, float, bool, type(None))
+_LEAVES = frozenset({str, int, bool, type(None)})
+"""Types of values that are plain data whatever they hold (checked without a path)."""
 
 
 class CheckpointFileError(ValueError):
@@ -70,21 +72,22 @@ def encode(owner: str, state: State, step: int | None) -> bytes:
             f"{owner}: {problem}; a state must be plain data (dicts with str keys, lists, "
             "str, int, finite float, bool, None), which JSON gives back unchanged"
         )
-    document: dict[str, Any] = {"format": FORMAT, "version": VERSION}
+    header: dict[str, Any] = {"format": FORMAT, "version": VERSION}
     if step is not None:
-        document["step"] = step
-    document["fingerprint"] = pipeline_fingerprint(state)
+        header["step"] = step
+    header["fingerprint"] = pipeline_fingerprint(state)
     try:
-        document["checksum"] = _checksum(document | {"state": state})
-        document["state"] = state
-        return json.dumps(document, separators=(",", ":")).encode()
+        state_text = _canonical(state)
     except RecursionError:
         raise ValueError(f"{owner}: the state is nested too deeply to be written as JSON") from None
+    header["checksum"] = _checksum(header, state_text)
+    head = json.dumps(header, separators=(",", ":"))
+    return f'{head[:-1]},"state":{state_text}}}'.encode()
 
 
 def not_plain(state: Any) -> str | None:
     """Where and how `state` is not plain data (e.g. ``"state['a'][0] is a tuple"``), or
-    None if it is."""
+    None if it is. Iterative: any depth, one pass."""
     pending: list[tuple[str, Any]] = [("state", state)]
     while pending:
         where, value = pending.pop()
@@ -95,13 +98,17 @@ def not_plain(state: Any) -> str | None:
                         f"{where} has the key {key!r} ({type(key).__name__}), which JSON "
                         f"would turn into the string {json.dumps(str(key))}"
                     )
-                pending.append((f"{where}[{key!r}]", item))
+                if type(item) not in _LEAVES:
+                    pending.append((f"{where}[{key!r}]", item))
         elif isinstance(value, list):
-            pending.extend((f"{where}[{index}]", item) for index, item in enumerate(value))
+            pending.extend(
+                (f"{where}[{index}]", item)
+                for index, item in enumerate(value)
+                if type(item) not in _LEAVES
+            )
         elif not isinstance(value, _PLAIN_SCALARS):
-            kind = type(value).__name__
             hint = ", which JSON would turn into a list" if isinstance(value, tuple) else ""
-            return f"{where} is a {kind}{hint}"
+            return f"{where} is a {type(value).__name__}{hint}"
         elif isinstance(value, float) and not math.isfinite(value):
             return f"{where} is {value!r}, which JSON cannot hold"
     return None
@@ -167,9 +174,10 @@ def _document(source: str, data: bytes) -> dict[str, Any]:
 
 
 def _verify_checksum(source: str, document: dict[str, Any]) -> None:
-    recorded = document.pop("checksum", None)
+    header = dict(document)
+    recorded = header.pop("checksum", None)
     try:
-        actual = _checksum(document)
+        actual = _checksum(header, _canonical(header.pop("state", None)))
     except (ValueError, RecursionError):  # NaN or Infinity, which save_checkpoint refuses
         actual = "(none: the file holds values JSON does not allow)"
     if recorded != actual:
@@ -180,7 +188,13 @@ def _verify_checksum(source: str, document: dict[str, Any]) -> None:
         )
 
 
-def _checksum(document: dict[str, Any]) -> str:
-    """The checksum of a document without its ``"checksum"`` field, in canonical JSON."""
-    text = json.dumps(document, sort_keys=True, separators=(",", ":"), allow_nan=False)
+def _canonical(value: Any) -> str:
+    """`value` as JSON in the canonical form that checksums cover: keys sorted, no spaces."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def _checksum(header: dict[str, Any], state_text: str) -> str:
+    """The checksum of a file: of its fields but ``"checksum"`` (`header`) and of its state
+    (`state_text`, canonical)."""
+    text = _canonical(header) + "\n" + state_text
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
