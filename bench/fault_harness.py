@@ -12,7 +12,9 @@ stall (and is killed). Linux only (/proc).
 
 Faults: SIGKILL of the loop; SIGKILL of one of its worker processes (the loop then gets
 a WorkerError and dies of it); SIGTERM (the loop's handler stops it: a preemption);
-SIGINT (KeyboardInterrupt). Half the kills land at a random step after the last
+SIGINT (KeyboardInterrupt); a torn checkpoint (SIGKILL of the loop, then the newest of
+its two checkpoint files cut in half, as a crash of the file system may leave it: the
+restart resumes from the older one). Half the kills land at a random step after the last
 checkpoint, half at a random time in the first second (worker start-up, restore).
 """
 
@@ -39,10 +41,15 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 LOOP = BENCH_DIR / "fault_loop.py"
 MARKER = "FAULT_INJECTION_RUN"
-KINDS = ("loop SIGKILL", "worker SIGKILL", "SIGTERM", "SIGINT")
+KINDS = ("loop SIGKILL", "worker SIGKILL", "SIGTERM", "SIGINT", "torn checkpoint")
 GRACE_S = 8.0
 """How long the processes of a run may take to go after the loop has exited (seconds)."""
-_SIGNALS = {"loop SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
+_SIGNALS = {
+    "loop SIGKILL": signal.SIGKILL,
+    "SIGTERM": signal.SIGTERM,
+    "SIGINT": signal.SIGINT,
+    "torn checkpoint": signal.SIGKILL,  # then the newest checkpoint file loses its tail
+}
 _SINGLETONS = ("resource_tracker", "forkserver")
 
 
@@ -187,6 +194,8 @@ def run_once(campaign: Campaign, kill: Kill | None) -> RunResult:
         if kill is not None and not killed and _due(kill, campaign, elapsed):
             killed = _deliver(kill, process.pid, token, campaign.workdir)
         time.sleep(0.01)
+    if killed and kill is not None and kill.kind == "torn checkpoint":
+        _tear_newest_checkpoint(campaign)
     leaks = _leftover_processes(token) + _shm_left(shm_used)
     stderr = err_path.read_text()
     if "leaked" in stderr:  # multiprocessing's resource tracker found unreleased resources
@@ -194,6 +203,14 @@ def run_once(campaign: Campaign, kill: Kill | None) -> RunResult:
     if process.returncode == 0:
         leaks += _loop_leaks(campaign.workdir / "finished.json")
     return RunResult(process.returncode, killed, stalled, leaks, stderr)
+
+
+def _tear_newest_checkpoint(campaign: Campaign) -> None:
+    """Cut the newest checkpoint file in half, as a crash of the file system may, when an
+    older one is kept (the restart must then resume from that one, with a warning)."""
+    files = sorted(campaign.workdir.glob("ckpt-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+    if len(files) >= 2:
+        files[-1].write_bytes(files[-1].read_bytes()[: files[-1].stat().st_size // 2])
 
 
 def _default_sigint() -> None:

@@ -9,7 +9,7 @@ compares what it consumed with an uninterrupted run. Prints a markdown table (on
 kind x start method x layout: runs, kills, items lost, duplicated, out of order, stalls,
 leaks) and writes it, with every leak and failure, to ``bench/results/fault_injection.json``.
 
-    python bench/fault_injection.py              # 48 campaigns x 2 kills: ~10 minutes
+    python bench/fault_injection.py              # 60 campaigns x 2 kills: ~10 minutes
     python bench/fault_injection.py --kills 1 --start-methods fork   # a quick look
 """
 

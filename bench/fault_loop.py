@@ -8,7 +8,8 @@ Every K steps it fsyncs the consumed log and saves the model and the data state 
 `save_checkpoint` (``WORKDIR/ckpt-{step}.json``, the last 2 kept). Every batch it takes
 is appended to ``WORKDIR/consumed.log`` (one JSON line, flushed, not fsync'd).
 
-On start it loads the latest checkpoint, if any, truncates the log back to the length
+On start it loads the latest intact checkpoint, if any (none: a first run; all damaged:
+the run fails rather than start over), truncates the log back to the length
 recorded with it and restores the pipeline; so the log always ends up holding exactly the
 batches the model trained on, as a run that was never interrupted would have. SIGTERM
 is turned into SystemExit (a preemption notice: the loop stops, closing the pipeline,
@@ -136,7 +137,7 @@ def main() -> None:
     log_path = args.workdir / "consumed.log"
     try:
         checkpoint = load_checkpoint(pattern)
-    except ValueError:  # no checkpoint yet
+    except FileNotFoundError:  # no checkpoint yet (a damaged one is not: it falls back or raises)
         checkpoint = {"model": {"step": 0, "digest": ""}, "log_bytes": 0, "data": None}
     model = checkpoint["model"]
     start_singletons(args.start_method)

@@ -6,7 +6,15 @@ iterator of `infinibatch_like.iterators`.
 
 from ._background.stage import start_background
 from ._background.worker_gc import set_worker_gc
-from .checkpoint_files import CheckpointFileError, load_checkpoint, save_checkpoint
+from .checkpoint_files import (
+    CheckpointFileError,
+    CheckpointNotFoundError,
+    DamagedCheckpointWarning,
+    LoadedCheckpoint,
+    load_checkpoint,
+    load_checkpoint_info,
+    save_checkpoint,
+)
 from .iterators import *  # noqa: F403
 from .iterators import __all__ as _iterator_names
 
@@ -17,6 +25,10 @@ __all__ = [
     "set_worker_gc",
     "save_checkpoint",
     "load_checkpoint",
+    "load_checkpoint_info",
+    "LoadedCheckpoint",
     "CheckpointFileError",
+    "CheckpointNotFoundError",
+    "DamagedCheckpointWarning",
     "__version__",
 ]

@@ -1,47 +1,87 @@
 """Checkpoint files: a pipeline's state saved atomically as JSON, and loaded back safely.
 
-``save_checkpoint(path, state)`` writes ``{"format", "version", "fingerprint", "state"}``
-as JSON through `infinibatch_like.io.open_output`: local paths through a temporary file in
-the same directory, fsync, rename and an fsync of the directory; URLs (``s3://``,
+``save_checkpoint(path, state)`` writes the state, with a checksum of the whole file and
+a digest of its stages' fingerprints (see `infinibatch_like._checkpoint_format`), as JSON
+through `infinibatch_like.io.open_output`: local paths through a temporary file in the
+same directory, fsync, rename and an fsync of the directory; URLs (``s3://``,
 ``memory://``, any fsspec protocol) with a single upload of the whole file. A reader
 therefore sees the previous checkpoint or the new one, never a part.
-``load_checkpoint(path)`` refuses an empty, truncated or foreign file with a
-`CheckpointFileError` naming the path and what is wrong.
+``load_checkpoint(path)`` refuses an empty, truncated, edited or foreign file with a
+`CheckpointFileError` naming the path and what is wrong, and a missing one with
+`CheckpointNotFoundError` (also a `FileNotFoundError`): the first run of a job.
 
 Keeping the last k checkpoints: give a path with ``{step}`` in its file name, such as
 ``"ckpt/data-{step}.json"``, with ``step=`` and ``keep=k``; after the new file is
 written, only it and the files of the k - 1 highest other steps are kept. ``load_checkpoint`` of the
-same pattern loads the file with the highest step.
+same pattern loads the file with the highest step that is intact: a newer file that is
+refused (damaged, truncated by a crash of the file system) is named in a
+`DamagedCheckpointWarning`, and `load_checkpoint_info` tells which file and step were loaded.
 
 Checkpoint:
     The file holds the state exactly as given (the pipeline's ``getstate()`` with any keys
-    of your own), plus a 16-hex digest of every stage's ``fingerprint`` in it, so that an
-    edited or spliced file is refused at load; restoring it into a pipeline built
-    differently is refused by ``setstate``, naming the stage and the argument.
+    of your own), the step it was saved at, a 16-hex digest of every stage's
+    ``fingerprint`` in it, and a SHA-256 checksum of all of it, so that an edited, damaged
+    or spliced file is refused at load; restoring it into a pipeline built differently is
+    refused by ``setstate``, naming the stage and the argument.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import contextlib
+import glob
 import os
 import re
+import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ._base import State
+from ._checkpoint_format import FORMAT, VERSION, CheckpointFileError, pipeline_fingerprint
+from ._checkpoint_format import decode as _decode
+from ._checkpoint_format import encode as _encode
 
-FORMAT = "infinibatch_like.checkpoint"
-"""The value of the ``"format"`` field of every checkpoint file."""
-VERSION = 1
-"""The version of the file layout written by `save_checkpoint`."""
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "CheckpointFileError",
+    "CheckpointNotFoundError",
+    "DamagedCheckpointWarning",
+    "LoadedCheckpoint",
+    "load_checkpoint",
+    "load_checkpoint_info",
+    "pipeline_fingerprint",
+    "save_checkpoint",
+]
+
 STEP_FIELD = "{step}"
+_REASONS_SHOWN = 5
 
-_PREVIEW = 60
+
+class CheckpointNotFoundError(CheckpointFileError, FileNotFoundError):
+    """No checkpoint file exists at the path, or none matches the ``{step}`` pattern: the
+    first run of a job. Catch it as ``FileNotFoundError`` to start fresh; a damaged file
+    raises `CheckpointFileError`, which is not one."""
 
 
-class CheckpointFileError(ValueError):
-    """A checkpoint file is missing, empty, truncated, damaged or not a checkpoint."""
+class DamagedCheckpointWarning(UserWarning):
+    """``load_checkpoint`` of a ``{step}`` pattern refused newer files and loaded an older,
+    intact one; the message names each refused file and the file loaded."""
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """The state, file and step that `load_checkpoint_info` read."""
+
+    state: State
+    """The state, ready for ``pipeline.setstate(...)``."""
+    path: str
+    """The file read: the one given, or the newest intact file of a ``{step}`` pattern."""
+    step: int | None
+    """The step of that file (from its name, for a pattern; else as saved, or None)."""
+    refused: tuple[tuple[str, str], ...] = ()
+    """(file, why) of the newer files of a ``{step}`` pattern that were refused, newest
+    first; empty if the newest file was loaded."""
 
 
 def save_checkpoint(
@@ -56,41 +96,36 @@ def save_checkpoint(
 
     Args:
         path: a local path or an fsspec URL. With ``{step}`` in its file name (e.g.
-            ``"ckpt/data-{step}.json"``), the file of `step` is written.
-        state: plain data (a dict with str keys; lists, str, int, float, bool, None), such
-            as a pipeline's ``getstate()``, possibly with keys of your own.
-        step: the training step, required by (and only allowed with) a ``{step}`` path.
+            ``"ckpt/data-{step}.json"``), the file of `step` is written; the rest of the
+            path is literal (``exp[1]/`` is a directory of that name, not a glob).
+        state: plain data (a dict with str keys; lists, str, int, finite float, bool,
+            None), such as a pipeline's ``getstate()``, possibly with keys of your own.
+        step: the training step, required by (and only allowed with) a ``{step}`` path;
+            recorded in the file.
         keep: with a ``{step}`` path, keep only `keep` files (>= 1): this one and those of
-            the ``keep - 1`` highest other steps; None keeps every file.
+            the ``keep - 1`` highest other steps; None keeps every file. Files that another
+            process removed first are no error.
         storage_options: passed to fsspec for URLs (credentials, endpoints).
 
     Returns:
         The path or URL written.
 
     Raises:
-        TypeError: if `state` is not a dict, holds something other than plain data, or
-            `step`/`keep` is not an int.
+        TypeError: if `state` is not a dict or holds something that JSON would not give
+            back unchanged (a non-str key, a tuple, an object, NaN), naming where within the
+            state; or if `step`/`keep` is not an int.
         ValueError: for `step`/`keep` without ``{step}`` in the path or the reverse, a
             negative step or ``keep < 1``.
+        FileExistsError: if a local `path` exists and is not a regular file (a device
+            such as ``/dev/null``, a FIFO, a directory); it is left as it is.
         OSError: from the file system (e.g. `infinibatch_like.io.ChunkAccessError` for a
-            refused upload); the previous file, if any, is left intact.
+            refused upload, or a full disk); the previous file, if any, is left intact and
+            no temporary file is left behind.
     """
     target = _resolve_target(os.fspath(path), step, keep)
     if not isinstance(state, dict):
         raise TypeError(f"save_checkpoint: state must be a dict, got {type(state).__name__}")
-    document = {
-        "format": FORMAT,
-        "version": VERSION,
-        "fingerprint": pipeline_fingerprint(state),
-        "state": state,
-    }
-    try:
-        data = json.dumps(document, allow_nan=False, separators=(",", ":")).encode()
-    except (TypeError, ValueError) as error:
-        raise TypeError(
-            f"save_checkpoint({target!r}): the state is not plain data (dicts with str keys, "
-            f"lists, str, int, finite float, bool, None): {error}"
-        ) from error
+    data = _encode(f"save_checkpoint({target!r})", state, step)
     _write_atomically(target, data, storage_options)
     if keep is not None:
         others = [old for _, old in _steps(os.fspath(path), storage_options) if old != target]
@@ -104,95 +139,111 @@ def load_checkpoint(
 ) -> State:
     """Read a state written by `save_checkpoint`.
 
+    A job's first run and its restarts::
+
+        try:
+            pipeline.setstate(load_checkpoint("ckpt/data-{step}.json"))
+        except FileNotFoundError:  # no checkpoint yet: start from the beginning
+            pass
+
     Args:
         path: the path or URL given to `save_checkpoint`; with ``{step}`` in its file
-            name, the existing file with the highest step is read.
+            name, the intact file with the highest step is read (see `load_checkpoint_info`
+            to know which).
         storage_options: passed to fsspec for URLs.
 
     Returns:
         The state, ready for ``pipeline.setstate(...)``.
 
+    Warns:
+        DamagedCheckpointWarning: if newer files of a ``{step}`` pattern were refused and
+            an older one loaded, naming each.
+
     Raises:
-        CheckpointFileError: (a ValueError) naming the file, if it does not exist (or no
-            file matches a ``{step}`` path), is empty, is truncated or not JSON, is not a
-            checkpoint of this library, is of a newer format version, or its state's
-            stage fingerprints differ from the fingerprint recorded with it.
+        CheckpointNotFoundError: (a FileNotFoundError and a CheckpointFileError) if the
+            file does not exist, or no file matches a ``{step}`` pattern.
+        CheckpointFileError: (a ValueError) naming the file, if it is empty, truncated or
+            not JSON, not a checkpoint of this library, of a newer format version, or its
+            content does not match its checksum (edited or damaged); for a ``{step}``
+            pattern, if every matching file is refused, naming each.
     """
-    pattern = os.fspath(path)
-    if _has_step_field("load_checkpoint", pattern):
-        found = _steps(pattern, storage_options)
-        if not found:
-            raise CheckpointFileError(f"load_checkpoint: no checkpoint file matches {pattern!r}")
-        source = found[-1][1]
-    else:
-        source = pattern
-    try:
-        data = _read(source, storage_options)
-    except FileNotFoundError as error:  # io.ChunkNotFoundError
-        raise CheckpointFileError(f"{source}: no such checkpoint file") from error
-    return _parse(source, data)
+    return _load(os.fspath(path), storage_options, fallback=True).state
 
 
-def pipeline_fingerprint(state: Any) -> str:
-    """A short digest of the ``"fingerprint"`` fields of every stage state in `state`.
+def load_checkpoint_info(
+    path: str | os.PathLike[str],
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    fallback: bool = True,
+) -> LoadedCheckpoint:
+    """`load_checkpoint`, telling which file and step were read and which were refused.
 
-    Two pipelines built with the same stream-deciding arguments have the same digest;
-    stages without such arguments contribute nothing.
+    Args:
+        path: as for `load_checkpoint`.
+        storage_options: passed to fsspec for URLs.
+        fallback: with a ``{step}`` pattern, whether a refused newest file makes the next
+            older file be tried (with a `DamagedCheckpointWarning`); False raises the
+            newest file's error instead.
+
+    Returns:
+        The state, the file read, its step and the refused newer files.
+
+    Raises:
+        CheckpointNotFoundError, CheckpointFileError: as `load_checkpoint`.
     """
-    fields: list[Any] = []
-    _collect_fingerprints(state, fields)
-    text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return _load(os.fspath(path), storage_options, fallback=fallback)
 
 
-def _collect_fingerprints(value: Any, into: list[Any]) -> None:
-    if isinstance(value, dict):
-        if isinstance(value.get("stage"), str) and "fingerprint" in value:
-            into.append([value["stage"], value["fingerprint"]])
-        for item in value.values():
-            _collect_fingerprints(item, into)
-    elif isinstance(value, list):
-        for item in value:
-            _collect_fingerprints(item, into)
+def _load(
+    pattern: str, storage_options: Mapping[str, Any] | None, *, fallback: bool
+) -> LoadedCheckpoint:
+    if not _has_step_field("load_checkpoint", pattern):
+        state, step = _load_file(pattern, None, storage_options)
+        return LoadedCheckpoint(state, pattern, step)
+    found = _steps(pattern, storage_options)
+    if not found:
+        raise CheckpointNotFoundError(f"load_checkpoint: no checkpoint file matches {pattern!r}")
+    refused: list[tuple[str, str]] = []
+    for step, source in reversed(found):
+        try:
+            state, _ = _load_file(source, step, storage_options)
+        except CheckpointFileError as error:
+            if not fallback:
+                raise
+            refused.append((source, str(error)))
+            continue
+        if refused:
+            warnings.warn(
+                DamagedCheckpointWarning(
+                    f"load_checkpoint: loaded {source} (step {step}), the newest intact "
+                    f"checkpoint file of {pattern!r}; refused newer: {_reasons(refused)}"
+                ),
+                stacklevel=3,
+            )
+        return LoadedCheckpoint(state, source, step, tuple(refused))
+    raise CheckpointFileError(
+        f"load_checkpoint: none of the {len(found)} checkpoint files of {pattern!r} is "
+        f"intact: {_reasons(refused)}"
+    )
 
 
-def _parse(source: str, data: bytes) -> State:
-    if not data.strip():
-        raise CheckpointFileError(f"{source}: the checkpoint file is empty")
-    try:
-        document = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        head = data[:_PREVIEW]
+def _reasons(refused: list[tuple[str, str]]) -> str:
+    shown = "; ".join(reason for _, reason in refused[:_REASONS_SHOWN])
+    more = len(refused) - _REASONS_SHOWN
+    return shown + (f"; and {more} more" if more > 0 else "")
+
+
+def _load_file(
+    source: str, step: int | None, storage_options: Mapping[str, Any] | None
+) -> tuple[State, int | None]:
+    """(state, step) of the checkpoint file `source`; `step` is that of its name, if any."""
+    state, recorded = _decode(source, _read(source, storage_options))
+    if step is not None and recorded is not None and recorded != step:
         raise CheckpointFileError(
-            f"{source}: not a complete JSON document ({len(data)} bytes, starting {head!r}); "
-            f"the file is truncated or not a checkpoint: {error}"
-        ) from None
-    if not isinstance(document, dict) or document.get("format") != FORMAT:
-        found = document.get("format") if isinstance(document, dict) else type(document).__name__
-        raise CheckpointFileError(
-            f'{source}: not a checkpoint file of infinibatch_like (expected "format": '
-            f"{FORMAT!r}, found {found!r})"
+            f"{source}: the file name says step {step}, the checkpoint was saved at step "
+            f"{recorded} (a renamed or copied file)"
         )
-    version = document.get("version")
-    if type(version) is not int or not 1 <= version <= VERSION:
-        raise CheckpointFileError(
-            f"{source}: checkpoint format version {version!r} is not supported (this "
-            f"version of infinibatch_like reads versions 1 to {VERSION})"
-        )
-    state = document.get("state")
-    if not isinstance(state, dict):
-        raise CheckpointFileError(
-            f'{source}: the checkpoint\'s "state" must be a dict, got {type(state).__name__}'
-        )
-    recorded = document.get("fingerprint")
-    actual = pipeline_fingerprint(state)
-    if recorded != actual:
-        raise CheckpointFileError(
-            f"{source}: the stage fingerprints in the state (digest {actual}) differ from the "
-            f"pipeline fingerprint recorded with it ({recorded!r}); the file was edited or "
-            "damaged"
-        )
-    return state
+    return state, step if step is not None else recorded
 
 
 def _resolve_target(path: str, step: int | None, keep: int | None) -> str:
@@ -240,7 +291,7 @@ def _steps(pattern: str, storage_options: Mapping[str, Any] | None) -> list[tupl
     matcher = _step_matcher(pattern)
     name = _name_of(pattern)
     directory = pattern[: len(pattern) - len(name)]
-    found = []
+    found: list[tuple[int, str]] = []
     for entry in _list_names(directory, storage_options):
         match = matcher.fullmatch(entry)
         if match:
@@ -252,9 +303,7 @@ def _steps(pattern: str, storage_options: Mapping[str, Any] | None) -> list[tupl
 # that importing the package does not load it.
 
 
-def _write_atomically(
-    target: str, data: bytes, storage_options: Mapping[str, Any] | None
-) -> None:
+def _write_atomically(target: str, data: bytes, storage_options: Mapping[str, Any] | None) -> None:
     from .io import open_output
 
     with open_output(target, storage_options=storage_options) as file:
@@ -262,17 +311,22 @@ def _write_atomically(
 
 
 def _read(source: str, storage_options: Mapping[str, Any] | None) -> bytes:
-    from .io import open_chunk
+    from .io import ChunkFormatError, open_chunk
 
-    with open_chunk(source, storage_options=storage_options) as file:
-        return file.read()
+    try:
+        with open_chunk(source, storage_options=storage_options) as file:
+            return file.read()
+    except FileNotFoundError as error:  # io.ChunkNotFoundError
+        raise CheckpointNotFoundError(f"{source}: no such checkpoint file") from error
+    except ChunkFormatError as error:  # e.g. a truncated .gz
+        raise CheckpointFileError(f"{source}: {error}") from None
 
 
 def _list_names(directory: str, storage_options: Mapping[str, Any] | None) -> list[str]:
     from .io import list_chunks
 
     try:
-        found = list_chunks(directory + "*", storage_options=storage_options)
+        found = list_chunks(glob.escape(directory) + "*", storage_options=storage_options)
     except FileNotFoundError:  # io.ChunkNotFoundError: no file matches
         return []
     return [_name_of(path) for path in found]
@@ -281,8 +335,9 @@ def _list_names(directory: str, storage_options: Mapping[str, Any] | None) -> li
 def _remove(path: str, storage_options: Mapping[str, Any] | None) -> None:
     from .io._storage import filesystem, is_url
 
-    if is_url(path):
-        fs, inner = filesystem(path, storage_options)
-        fs.rm_file(inner)
-    else:
-        os.unlink(path)
+    with contextlib.suppress(FileNotFoundError):  # another process removed it first
+        if is_url(path):
+            fs, inner = filesystem(path, storage_options)
+            fs.rm_file(inner)
+        else:
+            os.unlink(path)

@@ -411,9 +411,15 @@ def flat_shard(corpus: list[list[str]], shard: int) -> list[str]:
 
 
 def torchrun(
-    ranks: int, mode: str, out: Path, worker: Path = WORKER, extra: tuple[str, ...] = ()
+    ranks: int,
+    mode: str,
+    out: Path,
+    worker: Path = WORKER,
+    extra: tuple[str, ...] = (),
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Launch `ranks` gloo workers on CPU; kill the whole job if it outlives the timeout."""
+    """Launch `ranks` gloo workers on CPU (in `cwd`, default this process's); kill the
+    whole job if it outlives the timeout."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
@@ -436,6 +442,7 @@ def torchrun(
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        cwd=cwd,
     ) as launcher:
         try:
             output, _ = launcher.communicate(timeout=LAUNCH_TIMEOUT_S)
@@ -550,6 +557,27 @@ def test_a_killed_job_resumes_exactly_on_every_rank(jobs: dict[str, Any]) -> Non
         assert before["after_checkpoint"] == before["reference"][step : step + 3]
     # The ranks mixed differently-weighted sources, and their batches differ.
     assert jobs["first"][0]["reference"] != jobs["first"][1]["reference"]
+
+
+@pytest.mark.slow
+def test_whole_training_checkpoint_of_the_docs_resumes_exactly_on_two_ranks(
+    tmp_path: Path,
+) -> None:
+    """The checkpoints how-to's script (DDP model, StatefulDataLoader, gather_state, data
+    file as the commit point): stopped, restarted, equal to an uninterrupted run."""
+    from test_docs import python_blocks
+
+    code = {title: code for title, _, code in python_blocks("howto/checkpoints.md")}
+    script = tmp_path / "train_checkpointed.py"
+    script.write_text(code["train_checkpointed.py"], encoding="utf-8")
+    proc = torchrun(2, "", tmp_path, worker=script, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout
+    assert sorted(path.name for path in (tmp_path / "checkpoints").iterdir()) == [
+        "data-30.json",
+        "data-40.json",
+        "model-30.pt",
+        "model-40.pt",
+    ]
 
 
 @pytest.mark.slow

@@ -118,6 +118,10 @@ API_CONTENT = {
         ("save_checkpoint", "atomically, as JSON"),
         ("load_checkpoint", "Read a state written by"),
         ("CheckpointFileError", ""),
+        ("load_checkpoint_info", "telling which file and step were read"),
+        ("LoadedCheckpoint", "The state, file and step that"),
+        ("CheckpointNotFoundError", "the first run of a job"),
+        ("DamagedCheckpointWarning", "loaded an older"),
     ],
     "api/stats.md": [
         ("collect", "Every stage's statistics"),

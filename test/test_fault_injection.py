@@ -43,6 +43,7 @@ CAMPAIGNS = [
     ("worker SIGKILL", harness.Config("forkserver", "process", "flat"), 2),
     ("SIGTERM", harness.Config("fork", "thread", "flat"), 2),
     ("SIGINT", harness.Config("spawn", "process", "nested"), 1),
+    ("torn checkpoint", harness.Config("fork", "thread", "flat"), 2),
 ]
 
 
@@ -103,3 +104,24 @@ def test_a_run_past_its_deadline_is_a_stall(corpus: Path, tmp_path: Path) -> Non
     result = harness.run_once(campaign, None)
     assert result.stalled
     assert result.returncode == -9
+
+
+def test_restart_with_damaged_checkpoints_resumes_from_an_intact_one_or_refuses(
+    corpus: Path, reference: list[str], tmp_path: Path
+) -> None:
+    campaign = harness.Campaign(tmp_path, corpus, harness.Config("fork", "thread", "flat"))
+    assert harness.run_once(campaign, None).returncode == 0
+    newest, older = (tmp_path / "ckpt-56.json"), (tmp_path / "ckpt-49.json")
+    assert sorted(tmp_path.glob("ckpt-*.json")) == [older, newest]
+    newest.write_bytes(newest.read_bytes()[:50])  # torn by a crash
+    result = harness.run_once(campaign, None)
+    assert result.returncode == 0, result.stderr
+    assert f"DamagedCheckpointWarning: load_checkpoint: loaded {older} (step 49)" in result.stderr
+    assert campaign.consumed() == reference
+
+    for path in tmp_path.glob("ckpt-*.json"):
+        path.write_bytes(path.read_bytes()[:50])
+    result = harness.run_once(campaign, None)
+    assert result.returncode == 1  # not a silent restart from step 0
+    assert "CheckpointFileError: load_checkpoint: none of the 2 checkpoint files" in result.stderr
+    assert campaign.consumed() == reference

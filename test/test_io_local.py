@@ -8,6 +8,7 @@ import gzip
 import json
 import os
 import pickle
+import re
 import sys
 import zlib
 from itertools import islice
@@ -326,3 +327,70 @@ def test_fastest_gzip_is_used(tmp_path: Path, monkeypatch, blocked, chosen) -> N
     path = write(tmp_path / "c.gz", data)
     assert zlib.decompress(Path(path).read_bytes(), 31) == data
     assert list(read_lines(path)) == [str(i) for i in range(10000)]
+
+
+def _special_targets(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """Existing targets that are not regular files: (path, how the refusal names it)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    directory = tmp_path / "directory.txt"
+    directory.mkdir()
+    link = tmp_path / "link-to-fifo"
+    link.symlink_to(fifo)
+    return {"fifo": (fifo, "a FIFO"), "dir": (directory, "a directory"), "link": (link, "a FIFO")}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir", "link"])
+def test_open_output_refuses_a_target_that_is_not_a_regular_file(
+    tmp_path: Path, kind: str
+) -> None:
+    target, described = _special_targets(tmp_path)[kind]
+    before = sorted(os.listdir(tmp_path))
+    message = f"{target}: exists and is {described}, not a regular file"
+    with pytest.raises(FileExistsError, match=re.escape(message)):
+        write(target, b"data\n")
+    assert sorted(os.listdir(tmp_path)) == before  # nothing replaced, no temporary file
+    assert (tmp_path / "fifo").is_fifo()
+    assert (tmp_path / "directory.txt").is_dir()
+    assert (tmp_path / "link-to-fifo").is_symlink()
+
+
+_FULL_DISK = """
+import os, resource, signal, sys
+from infinibatch_like.io import open_output
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+for target, size in zip(sys.argv[1::2], sys.argv[2::2]):
+    try:
+        with open_output(target) as out:
+            out.write(os.urandom(int(size)))
+    except OSError as error:
+        print(type(error).__name__, error.errno, error.filename == target)
+    else:
+        print("written")
+"""
+
+
+def test_open_output_leaves_no_temporary_file_on_a_full_disk(tmp_path: Path) -> None:
+    import subprocess
+
+    out, staging = tmp_path / "out", tmp_path / "staging"
+    staging.mkdir()
+    targets = [
+        (out / "small-write.bin", 8192),  # fails when the buffer is flushed at the end
+        (out / "large-write.bin", 4 << 20),  # fails inside the with block
+        (out / "compressed.bin.gz", 4 << 20),
+        ("memory://full-disk/staged.bin", 8192),  # the local staging file fills the disk
+    ]
+    argv = [str(part) for target in targets for part in target]
+    result = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TMPDIR": str(staging)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n") == ["OSError 27 True"] * len(targets) + [""]
+    assert os.listdir(out) == []
+    assert os.listdir(staging) == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -30,7 +31,9 @@ def open_output(
     to disk (``fsync``), renamed over `ref`, and the directory is synced; a URL is staged in
     a local temporary file and stored in one upload (a single PUT, or a multipart upload
     that only appears when completed) when the block ends, retried on transient failures.
-    On an exception nothing is left behind.
+    On an exception nothing is left behind, not even when the disk is full. A `ref` that
+    exists and is not a regular file (a device such as ``/dev/null``, a FIFO, a directory,
+    or a link to one) is refused before anything is written, rather than replaced.
 
     Args:
         ref: a local path or URL. Compression from its suffix: ``.gz`` (python-isal or
@@ -43,6 +46,9 @@ def open_output(
 
     Raises:
         ValueError: for an unsupported compression suffix (e.g. ``.lz4``), before writing.
+        FileExistsError: if a local `ref` exists and is not a regular file, naming it.
+        OSError: from the file system (a full disk, a denied permission), its
+            ``filename`` set to `ref` when the system did not name a file.
         ChunkAccessError, ChunkReadError: when the upload is refused or keeps failing.
     """
     name = os.fspath(ref)
@@ -57,8 +63,10 @@ def open_output(
         if codec is not None:
             writer.close()  # writes the compressed stream's end; `target.file` stays open
         target.commit()
-    except BaseException:
+    except BaseException as error:
         target.abort()
+        if isinstance(error, OSError) and error.errno is not None and error.filename is None:
+            error.filename = name  # e.g. a full disk: say which file could not be written
         raise
 
 
@@ -77,6 +85,7 @@ class _Target:
 class _LocalTarget(_Target):
     def __init__(self, path: str) -> None:
         self._path = path
+        _refuse_special_file(path)
         self._directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(self._directory, exist_ok=True)
         self._temporary = os.path.join(
@@ -90,13 +99,49 @@ class _LocalTarget(_Target):
         self.file.flush()
         os.fsync(self.file.fileno())
         self.file.close()
+        _refuse_special_file(self._path)  # again: one may have appeared while writing
         os.replace(self._temporary, self._path)
         _sync_directory(self._directory)
 
     def abort(self) -> None:
-        self.file.close()
+        _discard(self.file, self._temporary)
+
+
+def _discard(file: BinaryIO, temporary: str) -> None:
+    """Close `file` and remove `temporary`, its path. Closing flushes the buffer, which
+    fails again on a full disk: that error is dropped (the one being handled says it)."""
+    try:
+        file.close()  # closes the descriptor even when the flush fails
+    except OSError:
+        pass
+    finally:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._temporary)
+            os.unlink(temporary)
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _refuse_special_file(path: str) -> None:
+    """Raise FileExistsError if `path` (or what a link at it points to) exists and is not
+    a regular file: renaming over it would replace a device, a FIFO or a directory."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:  # nothing there, or a dangling link: the rename replaces it
+        return
+    if stat.S_ISREG(mode):
+        return
+    kind = next((name for test, name in _KINDS if test(mode)), f"of mode {mode:o}")
+    raise FileExistsError(
+        f"open_output: {path}: exists and is {kind}, not a regular file; refusing to "
+        "replace it (write to a regular file's path)"
+    )
 
 
 def _sync_directory(directory: str) -> None:
@@ -132,6 +177,4 @@ class _RemoteTarget(_Target):
             os.unlink(self.file.name)
 
     def abort(self) -> None:
-        self.file.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.file.name)
+        _discard(self.file, self.file.name)
