@@ -5,7 +5,8 @@ from __future__ import annotations
 import glob
 import os
 
-from ._storage import StorageOptions, filesystem, is_url
+from ._storage import StorageOptions, filesystem, is_url, missing_bucket
+from ._walk import has_recursive_part, recursive_glob
 from .errors import ChunkNotFoundError
 from .retry import RetryPolicy, call_with_retries
 
@@ -18,8 +19,9 @@ def list_chunks(
 ) -> list[str]:
     """The files matching a glob, sorted: the ``chunk_refs`` of a chunked data set.
 
-    Local patterns use `glob.glob` (``**`` matches directories recursively, ``~`` is
-    expanded); URL patterns (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``memory://``,
+    Local patterns have `glob.glob`'s meaning (``**`` matches directories recursively,
+    following symbolic links but entering each directory once, so that a link loop lists
+    each file once; ``~`` is expanded); URL patterns (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``memory://``,
     ``file://``, any fsspec protocol) use the fsspec file system's ``glob``, freshly (its
     listing cache is cleared first). Directories are left out. URLs keep their protocol, so
     that they can be opened again (``s3://bucket/key``). The order is that of Python's
@@ -31,7 +33,9 @@ def list_chunks(
         retry: the retry policy of transient listing failures (`DEFAULT_RETRY` if None).
 
     Raises:
-        ChunkNotFoundError: if no file matches, naming the pattern.
+        ChunkNotFoundError: if no file matches, naming the pattern (and saying so where it
+            names a directory, a file whose name holds glob characters, or a bucket that
+            does not exist).
         ChunkAccessError, ChunkReadError: if the store refuses or keeps failing the listing.
         MissingExtraError: naming the extra to install for a URL (``remote``).
     """
@@ -46,8 +50,35 @@ def list_chunks(
 
         refs = call_with_retries(find, text, "listing", retry)
     else:
-        matches = glob.glob(os.path.expanduser(text), recursive=True)
-        refs = [match for match in matches if os.path.isfile(match)]
+        expanded = os.path.expanduser(text)
+        if has_recursive_part(expanded):
+            refs = recursive_glob(expanded)
+        else:
+            refs = [m for m in glob.glob(expanded, recursive=True) if os.path.isfile(m)]
     if not refs:
-        raise ChunkNotFoundError(f"list_chunks: no file matches the pattern {text!r}")
+        raise ChunkNotFoundError(
+            f"list_chunks: no file matches the pattern {text!r}{_why(text, storage_options)}"
+        )
     return sorted(refs)
+
+
+def _why(pattern: str, storage_options: StorageOptions | None) -> str:
+    """Why `pattern` matches no file, where a cause other than no such name is found."""
+    bucket = missing_bucket(pattern, storage_options)
+    if bucket is not None:
+        return f": {bucket}"
+    if is_url(pattern):
+        fs, path = filesystem(pattern, storage_options)
+        is_dir, exists = fs.isdir(path), glob.has_magic(path) and fs.exists(path)
+    else:
+        path = os.path.expanduser(pattern)
+        is_dir, exists = os.path.isdir(path), glob.has_magic(path) and os.path.isfile(path)
+    if is_dir:
+        base = pattern.rstrip("/")
+        return f": it is a directory: list its files with '{base}/*' (or '{base}/**/*' at any depth)"
+    if exists:
+        return (
+            ": a file has this very name, but it holds glob characters (*, ? or [ ]) and is "
+            f"read as a pattern; pass {glob.escape(pattern)!r} to name the file itself"
+        )
+    return ""
