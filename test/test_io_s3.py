@@ -260,7 +260,8 @@ def test_a_missing_bucket_is_named_as_such(s3: S3Bucket) -> None:
         with pytest.raises(ChunkNotFoundError) as error:
             call()
         assert f"s3://{missing}/corpus/" in str(error.value)
-        assert "bucket" in str(error.value) and "does not exist" in str(error.value)
+        assert "bucket" in str(error.value)
+        assert "does not exist" in str(error.value)
     with pytest.raises(ChunkNotFoundError) as error:  # the bucket exists: no such claim
         list_chunks(s3.url("corpus/*.txt.gz"))
     assert "does not exist" not in str(error.value)

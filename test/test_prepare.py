@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from infinibatch_like.__main__ import main
 from infinibatch_like.io import read_jsonl, read_lines, read_records
 from infinibatch_like.prepare import ChunkIndexError, chunk_corpus, load_index, read_index
-from infinibatch_like.prepare.plan import Job, line_pieces
+from infinibatch_like.prepare.plan import Job, line_pieces, source_of
 from infinibatch_like.prepare.writer import _chunk_payloads
 
 REPO = Path(__file__).resolve().parents[1]
@@ -305,7 +305,9 @@ def test_changed_input_is_another_job(tmp_path: Path) -> None:
     _write_lines(tmp_path / "a.txt", ["x", "y"])
     chunk_corpus([str(tmp_path / "a.txt")], str(tmp_path / "out"), items_per_chunk=3)
     _write_lines(tmp_path / "a.txt", ["x", "y", "z"])
-    assert "plan:" in _chunk_error(tmp_path, [str(tmp_path / "a.txt")])
+    message = _chunk_error(tmp_path, [str(tmp_path / "a.txt")])
+    assert f"the input {str(tmp_path / 'a.txt')!r} changed since the job started (4 bytes" in message
+    assert "; 6 bytes, mtime_ns " in message
 
 
 # -- load_index and verify ----------------------------------------------------------------
@@ -489,7 +491,7 @@ def test_byte_ranges_hold_every_line_once(
     path.write_bytes(("\n".join(lines) + ("\n" if final_newline else "")).encode("utf-8"))
     job = Job("lines", (str(path),), size, "none", split_bytes, "")
     found = []
-    for piece in line_pieces([str(path)], split_bytes):
+    for piece in line_pieces([source_of(str(path), None)], split_bytes):
         for _, payload, items in _chunk_payloads(job, piece, None):
             assert 1 <= items <= size
             found.extend(payload.decode("utf-8").split("\n")[:-1])

@@ -113,9 +113,7 @@ class _Matcher:
             if i == len(wanted):
                 return False
             if wanted[i] == "**":
-                return match(i + 1, j) or (
-                    not parts[j].startswith(".") and match(i, j + 1)
-                )
+                return match(i + 1, j) or (not parts[j].startswith(".") and match(i, j + 1))
             return _name_matches(wanted[i], parts[j]) and match(i + 1, j + 1)
 
         return match(0, 0)

@@ -21,11 +21,11 @@ def list_chunks(
 
     Local patterns have `glob.glob`'s meaning (``**`` matches directories recursively,
     following symbolic links but entering each directory once, so that a link loop lists
-    each file once; ``~`` is expanded); URL patterns (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``memory://``,
-    ``file://``, any fsspec protocol) use the fsspec file system's ``glob``, freshly (its
-    listing cache is cleared first). Directories are left out. URLs keep their protocol, so
-    that they can be opened again (``s3://bucket/key``). The order is that of Python's
-    string sort, the same on every machine.
+    each file once; ``~`` is expanded); URL patterns (``s3://``, ``gs://``, ``az://``,
+    ``http(s)://``, ``memory://``, ``file://``, any fsspec protocol) use the fsspec file
+    system's ``glob``, freshly (its listing cache is cleared first). Directories are left
+    out. URLs keep their protocol, so that they can be opened again (``s3://bucket/key``).
+    The order is that of Python's string sort, the same on every machine.
 
     Args:
         pattern: the glob, e.g. ``"data/*.txt.gz"`` or ``"s3://bucket/corpus/*.jsonl.zst"``.
@@ -75,7 +75,9 @@ def _why(pattern: str, storage_options: StorageOptions | None) -> str:
         is_dir, exists = os.path.isdir(path), glob.has_magic(path) and os.path.isfile(path)
     if is_dir:
         base = pattern.rstrip("/")
-        return f": it is a directory: list its files with '{base}/*' (or '{base}/**/*' at any depth)"
+        return (
+            f": it is a directory: list its files with '{base}/*' (or '{base}/**/*' at any depth)"
+        )
     if exists:
         return (
             ": a file has this very name, but it holds glob characters (*, ? or [ ]) and is "

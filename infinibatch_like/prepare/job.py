@@ -10,31 +10,45 @@ does nothing. An output directory that holds another job is refused.
 
 from __future__ import annotations
 
-import json
 import os
+import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
 from typing import Any
 
 from .._base import require_int
-from ..io import list_chunks, open_chunk, open_output
+from ..io import list_chunks
 from ..progress import progress_bar
-from ._refs import base_name, is_url, join_ref
-from .index import INDEX_NAME, ChunkEntry, ChunkIndex, chunk_files, parse_index
+from ._files import clean_up, file_names, load_json, output_lock, read_bytes, write_json
+from ._refs import is_url, join_ref
+from .index import (
+    INDEX_NAME,
+    ChunkEntry,
+    ChunkIndex,
+    ChunkIndexError,
+    chunk_names,
+    entry_from_json,
+    parse_index,
+)
 from .plan import (
     COMPRESSIONS,
     DEFAULT_SPLIT_BYTES,
     Job,
     Piece,
+    Source,
+    describe_changes,
+    directory_files,
     file_pieces,
     input_kind,
     line_pieces,
     piece_of,
     plan_digest,
+    source_of,
 )
 from .writer import PIECES_DIR, write_piece
 
 JOB_NAME = "job.json"
+_MANIFEST = re.compile(r"^piece-[0-9]{6}\.json$")
 _OWNER = "chunk"
 
 
@@ -91,15 +105,39 @@ def chunk_corpus(
         )
     if isinstance(inputs, str) or not inputs:
         raise ValueError(f"{_OWNER}: inputs must be a non-empty list of paths, got {inputs!r}")
-    kind, pieces = _plan(list(inputs), input_format, items_per_chunk, split_bytes, storage_options)
-    job = Job(kind, tuple(inputs), items_per_chunk, compress, split_bytes, plan_digest(pieces))
-    finished = _check_output(job, out, storage_options)
+    with output_lock(out, _OWNER):
+        return _chunk_locked(
+            inputs, out, items_per_chunk, compress, input_format, workers, client,
+            split_bytes, storage_options, show_progress,
+        )  # fmt: skip
+
+
+def _chunk_locked(
+    inputs: Sequence[str],
+    out: str,
+    items_per_chunk: int,
+    compress: str,
+    input_format: str,
+    workers: int | None,
+    client: Any,
+    split_bytes: int,
+    storage_options: dict[str, Any] | None,
+    show_progress: bool | None,
+) -> ChunkIndex:
+    """`chunk_corpus` once it holds the output."""
+    kind, pieces, sources = _plan(
+        list(inputs), out, input_format, items_per_chunk, split_bytes, storage_options
+    )
+    job = Job(
+        kind, tuple(inputs), items_per_chunk, compress, split_bytes, plan_digest(pieces, sources)
+    )
+    finished = _check_output(job, sources, out, storage_options)
     if finished is not None:
+        clean_up(out, PIECES_DIR, storage_options)
         return finished
     done = _read_manifests(out, storage_options)
     existing: dict[int, set[str]] = {}
-    for ref in chunk_files(out, storage_options):
-        name = base_name(ref)
+    for name in chunk_names(out, storage_options):
         existing.setdefault(piece_of(name), set()).add(name)
     sizes = [piece.size for piece in pieces]
     by_bytes = None not in sizes  # else the bar counts pieces
@@ -130,25 +168,31 @@ def chunk_corpus(
         _run_pieces(job, work, out, storage_options, workers, client, finished_piece)
     chunks = tuple(entry for piece in pieces for entry in done[piece.number])
     index = ChunkIndex(out, job.to_json(), chunks)
-    _write_json(join_ref(out, INDEX_NAME), index.to_json(), storage_options)
+    write_json(join_ref(out, INDEX_NAME), index.to_json(), storage_options)
+    clean_up(out, PIECES_DIR, storage_options)
     return index
 
 
 def _plan(
     inputs: list[str],
+    out: str,
     input_format: str,
     items_per_chunk: int,
     split_bytes: int,
     storage_options: dict[str, Any] | None,
-) -> tuple[str, list[Piece]]:
-    """The job's kind and its pieces."""
+) -> tuple[str, list[Piece], list[Source]]:
+    """The job's kind, its pieces and its input files; files inside `out` are left out."""
     directories = [ref for ref in inputs if not is_url(ref) and os.path.isdir(ref)]
     if directories:
         if len(directories) != len(inputs) or len(directories) > 1:
             raise ValueError(
                 f"{_OWNER}: a directory input ({directories[0]!r}) must be the only input"
             )
-        return "files", file_pieces(directories[0], items_per_chunk)
+        directory = directories[0]
+        names = directory_files(directory, leave_out=None if is_url(out) else out)
+        sources = [source_of(os.path.join(directory, name), None) for name in names]
+        files = [(name, source.size) for name, source in zip(names, sources, strict=True)]
+        return "files", file_pieces(directory, files, items_per_chunk), sources
     refs: list[str] = []
     for pattern in inputs:
         if (
@@ -161,7 +205,12 @@ def _plan(
             matched = list_chunks(pattern, storage_options=storage_options)
         except FileNotFoundError as error:
             raise ValueError(f"{_OWNER}: input {pattern!r} matches no file ({error})") from None
-        refs.extend(matched)
+        outside = [ref for ref in matched if not _inside(ref, out)]
+        if not outside:
+            raise ValueError(
+                f"{_OWNER}: input {pattern!r} matches only files of the output {out!r}"
+            )
+        refs.extend(outside)
     kinds = {ref: input_kind(ref, input_format) for ref in refs}
     if len(set(kinds.values())) > 1:
         lines = next(ref for ref, kind in kinds.items() if kind == "lines")
@@ -170,35 +219,93 @@ def _plan(
             f"{_OWNER}: the inputs mix text lines ({lines!r}) and JSON lines ({jsonl!r}); "
             "chunk them as separate jobs"
         )
-    return next(iter(kinds.values())), line_pieces(refs, split_bytes)
+    sources = [source_of(ref, storage_options) for ref in refs]
+    return next(iter(kinds.values())), line_pieces(sources, split_bytes), sources
 
 
-def _check_output(job: Job, out: str, storage_options: dict[str, Any] | None) -> ChunkIndex | None:
+def _inside(ref: str, out: str) -> bool:
+    """Whether the file `ref` lies in the output directory `out` (at any depth)."""
+    if is_url(ref) or is_url(out):
+        return ref.startswith(out.rstrip("/") + "/")
+    return os.path.realpath(ref).startswith(os.path.join(os.path.realpath(out), ""))
+
+
+def _check_output(
+    job: Job, sources: list[Source], out: str, storage_options: dict[str, Any] | None
+) -> ChunkIndex | None:
     """The index if `out` holds this job finished; None after recording the job in `out`
     if it holds nothing or this job unfinished; ValueError if it holds another job."""
-    present = {base_name(ref) for ref in _listed(join_ref(out, "*.json"), storage_options)}
+    names = set(file_names(out, storage_options))
     wanted = job.to_json()
-    for name in (INDEX_NAME, JOB_NAME):
-        if name not in present:
-            continue
-        text = _read_text(join_ref(out, name), storage_options)
-        recorded = parse_index(out, text).job if name == INDEX_NAME else json.loads(text)
-        if not isinstance(recorded, dict):
-            raise ValueError(f"{_OWNER}: {join_ref(out, name)} is damaged (not a JSON object)")
-        if recorded != wanted:
-            changed = sorted(key for key in wanted if recorded.get(key) != wanted[key])
-            details = "; ".join(
-                f"{key}: {recorded.get(key)!r} there, {wanted[key]!r} now" for key in changed
-            )
-            raise ValueError(
-                f"{_OWNER}: the output {out!r} holds the chunks of a different job ({details}); "
-                "choose another output directory, or delete this one to start over"
-            )
-        if name == INDEX_NAME:
-            return parse_index(out, text)
-    if JOB_NAME not in present:
-        _write_json(join_ref(out, JOB_NAME), wanted, storage_options)
+    recorded = _read_job_file(out, storage_options) if JOB_NAME in names else None
+    if INDEX_NAME in names:
+        data = read_bytes(join_ref(out, INDEX_NAME), storage_options)
+        try:
+            index = parse_index(out, data)
+        except ChunkIndexError as error:
+            raise ChunkIndexError(f"{_OWNER}: {error}") from None
+        _require_same_job(index.job, recorded, wanted, sources, out)
+        return index
+    if recorded is not None:
+        _require_same_job(recorded, recorded, wanted, sources, out)
+    else:
+        record = {**wanted, "sources": [source.to_json() for source in sources]}
+        write_json(join_ref(out, JOB_NAME), record, storage_options)
     return None
+
+
+def _read_job_file(out: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
+    where = join_ref(out, JOB_NAME)
+    try:
+        recorded = load_json(read_bytes(where, storage_options), "it")
+        if not isinstance(recorded, dict):
+            raise ValueError("it is not a JSON object")
+    except ValueError as error:
+        raise ValueError(
+            f"{_OWNER}: the job file {where} is damaged: {error}; delete the output "
+            "directory to start over"
+        ) from None
+    return recorded
+
+
+def _require_same_job(
+    recorded: dict[str, Any],
+    job_file: dict[str, Any] | None,
+    wanted: dict[str, Any],
+    sources: list[Source],
+    out: str,
+) -> None:
+    """ValueError naming each option and input that differs between the `recorded` job
+    (of the index or job file) and the `wanted` one; `job_file` has the recorded inputs."""
+    changed = [key for key in wanted if recorded.get(key) != wanted[key]]
+    if not changed:
+        return
+    details = [
+        f"{key}: {recorded.get(key)!r} there, {wanted[key]!r} now"
+        for key in changed
+        if key != "plan"
+    ]
+    if "plan" in changed:
+        plan = f"plan: {recorded.get('plan')!r} there, {wanted['plan']!r} now"
+        details += _input_changes(job_file, sources, out) or ([] if details else [plan])
+    raise ValueError(
+        f"{_OWNER}: the output {out!r} holds the chunks of a different job "
+        f"({'; '.join(details)}); choose another output directory, or delete this one to "
+        "start over"
+    )
+
+
+def _input_changes(job_file: dict[str, Any] | None, sources: list[Source], out: str) -> list[str]:
+    """The inputs that changed since the job file was written (none known without one)."""
+    if job_file is None or "sources" not in job_file:
+        return []
+    try:
+        return describe_changes(job_file["sources"], sources)
+    except ValueError as error:
+        raise ValueError(
+            f"{_OWNER}: the job file {join_ref(out, JOB_NAME)} is damaged: {error}; delete "
+            "the output directory to start over"
+        ) from None
 
 
 def _read_manifests(
@@ -206,13 +313,22 @@ def _read_manifests(
 ) -> dict[int, list[ChunkEntry]]:
     """The entries of the pieces already done, by piece number."""
     done = {}
-    for ref in _listed(join_ref(out, f"{PIECES_DIR}/piece-*.json"), storage_options):
-        number = int(base_name(ref)[len("piece-") : -len(".json")])
-        raw = json.loads(_read_text(ref, storage_options))
-        done[number] = [
-            ChunkEntry(entry["name"], entry["items"], entry["bytes"], entry["sha256"])
-            for entry in raw
-        ]
+    pieces = join_ref(out, PIECES_DIR)
+    for name in file_names(pieces, storage_options):
+        if _MANIFEST.match(name) is None:
+            continue
+        ref = join_ref(pieces, name)
+        try:
+            raw = load_json(read_bytes(ref, storage_options), "it")
+            if not isinstance(raw, list):
+                raise ValueError("it is not a JSON list")
+            entries = [entry_from_json(entry) for entry in raw]
+        except ValueError as error:
+            raise ValueError(
+                f"{_OWNER}: the piece manifest {ref} is damaged: {error}; delete it and run "
+                "the job again to redo that piece"
+            ) from None
+        done[int(name[len("piece-") : -len(".json")])] = entries
     return done
 
 
@@ -246,22 +362,3 @@ def _run_pieces(
         for future in futures:
             future.cancel()
         executor.shutdown(wait=True)
-
-
-def _listed(pattern: str, storage_options: dict[str, Any] | None) -> list[str]:
-    """The refs matching `pattern`; none where nothing (or no directory) matches."""
-    try:
-        return list_chunks(pattern, storage_options=storage_options)
-    except FileNotFoundError:
-        return []
-
-
-def _read_text(ref: str, storage_options: dict[str, Any] | None) -> str:
-    with open_chunk(ref, storage_options=storage_options) as stream:
-        data: bytes = stream.read()
-    return data.decode("utf-8")
-
-
-def _write_json(ref: str, value: Any, storage_options: dict[str, Any] | None) -> None:
-    with open_output(ref, storage_options=storage_options) as output:
-        output.write(json.dumps(value, indent=1).encode("utf-8"))

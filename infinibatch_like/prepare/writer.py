@@ -135,6 +135,11 @@ def _json_blocks(piece: Piece, blocks: Iterable[list[bytes]]) -> Iterator[list[b
                 raise ValueError(
                     f"chunk: line {number} of {_where(piece)} is not JSON ({error}): {line[:80]!r}"
                 ) from None
+            except RecursionError:
+                raise ValueError(
+                    f"chunk: line {number} of {_where(piece)} is nested too deeply to parse: "
+                    f"{line[:80]!r}"
+                ) from None
         yield kept
 
 
