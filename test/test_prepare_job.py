@@ -28,7 +28,7 @@ def _stamps(directory: Path) -> dict[Path, int]:
 def _interrupt(out: Path) -> None:
     """Make a finished output look like an interrupted job: chunks written, no index."""
     (out / "index.json").unlink()
-    (out / "_pieces").mkdir()
+    (out / "_pieces").mkdir(exist_ok=True)
 
 
 def _refused(inputs: list[str], out: Path, **options: object) -> str:
