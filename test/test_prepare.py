@@ -306,7 +306,8 @@ def test_changed_input_is_another_job(tmp_path: Path) -> None:
     chunk_corpus([str(tmp_path / "a.txt")], str(tmp_path / "out"), items_per_chunk=3)
     _write_lines(tmp_path / "a.txt", ["x", "y", "z"])
     message = _chunk_error(tmp_path, [str(tmp_path / "a.txt")])
-    assert f"the input {str(tmp_path / 'a.txt')!r} changed since the job started (4 bytes" in message
+    changed = f"the input {str(tmp_path / 'a.txt')!r} changed since the job started (4 bytes"
+    assert changed in message
     assert "; 6 bytes, mtime_ns " in message
 
 
@@ -496,3 +497,41 @@ def test_byte_ranges_hold_every_line_once(
             assert 1 <= items <= size
             found.extend(payload.decode("utf-8").split("\n")[:-1])
     assert found == list(read_lines(str(path)))
+
+
+# -- the command line ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["demo", "chunk", "verify", "inspect"])
+def test_every_command_explains_itself_and_each_argument(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "-h"])
+    assert exit_.value.code == 0
+    usage, description, *sections = capsys.readouterr().out.split("\n\n")
+    assert usage.startswith(f"usage: infinibatch-like {command} ")
+    assert description[0].isupper(), description  # a sentence, not the first section
+    assert description.rstrip().endswith(".")
+    lines = "\n\n".join(sections).splitlines()
+    for number, line in enumerate(lines):
+        if line.startswith("  ") and not line.startswith("   "):  # an argument's first line
+            helped = len(line.split()) > (1 if not line.lstrip().startswith("-") else 2)
+            follows = number + 1 < len(lines) and lines[number + 1].startswith(" " * 8)
+            assert helped or follows, f"{command} -h: no help for {line.strip()!r}"
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"), [("--output", "--out"), ("--items-per-chunks", "--items-per-chunk")]
+)
+def test_a_misspelled_flag_gets_a_suggestion(
+    typed: str, meant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    arguments = {"--out": "o", "--items-per-chunk": "2"}
+    del arguments[meant]
+    flags = [part for flag, value in {**arguments, typed: "3"}.items() for part in (flag, value)]
+    with pytest.raises(SystemExit) as exit_:
+        main(["chunk", "a.txt", *flags])
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err
+    assert f"unrecognized argument {typed}: did you mean {meant}?" in error

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from .._extras import MissingExtraError, missing_extra
@@ -75,15 +77,48 @@ def add_commands(commands: Any) -> None:
         "verify",
         help="check every chunk against its index (exit code 1 on a problem, or without a "
         "readable index)",
+        description="Read back every chunk that index.json in DIR_OR_URL lists and compare "
+        "it with the index: existence, stored size, SHA-256 of the content and item count; "
+        "chunk files that the index does not list are reported too. Prints each problem. "
+        "Exit code 0: every chunk matches, 1: a problem or no readable index, 2: a bad "
+        "argument or a storage error.",
     )
-    verify.add_argument("location", metavar="DIR_OR_URL")
+    verify.add_argument(
+        "location", metavar="DIR_OR_URL", help="the directory or URL that holds index.json"
+    )
     verify.set_defaults(run=_verify)
 
     inspect = commands.add_parser(
-        "inspect", help="show a saved pipeline state (JSON or torch checkpoint)"
+        "inspect",
+        help="show a saved pipeline state (JSON or torch checkpoint)",
+        description="Show the pipeline state saved in CHECKPOINT (a JSON state or a torch "
+        "checkpoint holding one): a line per stage, with the fields that say where it is "
+        "(positions, counts, seeds). Exit code 2 for a file that holds no pipeline state.",
     )
-    inspect.add_argument("checkpoint", metavar="CHECKPOINT")
+    inspect.add_argument(
+        "checkpoint", metavar="CHECKPOINT", help="the checkpoint file (JSON or torch) to show"
+    )
     inspect.set_defaults(run=_inspect)
+
+
+def suggest_options(commands: Mapping[str, argparse.ArgumentParser], argv: list[str]) -> None:
+    """Exit with a usage error naming the closest option where `argv` gives its command
+    (one of `commands`) an option it does not have that is close to one it has (argparse
+    would only report the missing required option, or the unknown one without a hint)."""
+    command = next((argument for argument in argv if not argument.startswith("-")), None)
+    if command is None or command not in commands:
+        return
+    parser = commands[command]
+    known = [option for option in parser._option_string_actions if option.startswith("--")]
+    for argument in argv[argv.index(command) + 1 :]:
+        if argument == "--":
+            return
+        name = argument.split("=", 1)[0]
+        if not name.startswith("--") or any(option.startswith(name) for option in known):
+            continue  # a value, a known option, or an abbreviation argparse accepts
+        close = difflib.get_close_matches(name, known, n=1)
+        if close:
+            parser.error(f"unrecognized argument {name}: did you mean {close[0]}?")
 
 
 def _chunk(args: argparse.Namespace) -> int:
