@@ -19,8 +19,10 @@ from hypothesis import strategies as st
 from infinibatch_like.__main__ import main
 from infinibatch_like.io import read_jsonl, read_lines, read_records
 from infinibatch_like.prepare import ChunkIndexError, chunk_corpus, load_index, read_index
+from infinibatch_like.prepare.checks import BadLines
 from infinibatch_like.prepare.plan import Job, line_pieces, source_of
 from infinibatch_like.prepare.writer import _chunk_payloads
+from infinibatch_like.records import SkipPolicy
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -493,7 +495,7 @@ def test_byte_ranges_hold_every_line_once(
     job = Job("lines", (str(path),), size, "none", split_bytes, "")
     found = []
     for piece in line_pieces([source_of(str(path), None)], split_bytes):
-        for _, payload, items in _chunk_payloads(job, piece, None):
+        for _, payload, items in _chunk_payloads(job, piece, BadLines(None, str(path)), None):
             assert 1 <= items <= size
             found.extend(payload.decode("utf-8").split("\n")[:-1])
     assert found == list(read_lines(str(path)))
@@ -535,3 +537,61 @@ def test_a_misspelled_flag_gets_a_suggestion(
     assert exit_.value.code == 2
     error = capsys.readouterr().err
     assert f"unrecognized argument {typed}: did you mean {meant}?" in error
+
+
+def _bad_jsonl(path: Path) -> Path:
+    """JSON lines with a line that is not JSON (line 2) and one that is not UTF-8 (line 4)."""
+    path.write_bytes(b'{"n": 0}\n{oops\n{"n": 2}\n"\xff"\n{"n": 4}\n{"n": 5}\n')
+    return path
+
+
+def test_chunk_skips_bad_lines_within_its_budget_and_reports_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, out = _bad_jsonl(tmp_path / "a.jsonl"), tmp_path / "out"
+    arguments = ["chunk", str(path), "--out", str(out), "--items-per-chunk", "2", "--quiet"]
+    assert main([*arguments, "--skip-bad-lines", "2"]) == 0
+    assert "4 items, 2 bad lines skipped (first: line 2 of" in capsys.readouterr().out
+    index = load_index(str(out))
+    assert [row for ref in index.chunk_refs for row in read_jsonl(ref)] == [
+        {"n": 0}, {"n": 2}, {"n": 4}, {"n": 5}
+    ]  # fmt: skip
+    assert index.skipped == 2
+    assert index.skip_examples[0].startswith(f"line 2 of {path} is not JSON")
+    assert index.skip_examples[1].startswith(f"line 4 of {path} is not JSON")
+    assert main(["verify", str(out)]) == 0
+    assert main([*arguments, "--skip-bad-lines", "3"]) == 2
+    assert "on_error: {'max_skips': 2, 'per_items': None} there" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("options", "refusal"),
+    [
+        (["--skip-bad-lines", "1"], "more than 1 bad lines in all of"),
+        (["--skip-bad-lines", "1", "--skip-window", "5"], "more than 1 bad lines in lines 1-5"),
+        (["--skip-bad-lines", "1", "--skip-window", "3"], None),
+        (["--skip-window", "3"], "--skip-window needs --skip-bad-lines"),
+    ],
+)
+def test_chunk_refuses_bad_lines_beyond_its_budget(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], refusal: str | None
+) -> None:
+    path, out = _bad_jsonl(tmp_path / "a.jsonl"), tmp_path / "out"
+    code = main(["chunk", str(path), "--out", str(out), "--items-per-chunk", "2", *options])
+    assert code == (0 if refusal is None else 2)
+    if refusal is not None:
+        assert refusal in capsys.readouterr().err
+        assert not (out / "index.json").exists()
+
+
+def test_skipped_text_lines_are_those_that_are_not_utf8(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_bytes(b"one\nbad \xff\nthree\n")
+    index = chunk_corpus(
+        [str(tmp_path / "a.txt")], str(tmp_path / "out"), items_per_chunk=5,
+        on_error=SkipPolicy(max_skips=1),
+    )  # fmt: skip
+    assert [line for ref in index.chunk_refs for line in read_lines(ref)] == ["one", "three"]
+    assert index.skip_examples == (
+        f"line 2 of {tmp_path / 'a.txt'} is not UTF-8 text (invalid start byte at byte 4 of the "
+        "line)",
+    )

@@ -6,10 +6,11 @@ import argparse
 import difflib
 import importlib
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._extras import MissingExtraError, missing_extra
+from ..records import OnError, SkipPolicy
 from .index import ChunkIndexError, read_index
 from .inspect_state import inspect_lines
 from .job import chunk_corpus
@@ -17,11 +18,18 @@ from .plan import COMPRESSIONS, DEFAULT_SPLIT_BYTES
 from .verify import verify_chunks
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "int"  # argparse names the type in its error for a non-number
+    return parse
+
+
+_positive = _at_least(1)
 
 
 def add_commands(commands: Any) -> None:
@@ -69,6 +77,23 @@ def add_commands(commands: Any) -> None:
         metavar="B",
         help="cut uncompressed local inputs larger than this into byte ranges done in "
         f"parallel (default {DEFAULT_SPLIT_BYTES})",
+    )
+    chunk.add_argument(
+        "--skip-bad-lines",
+        type=_at_least(0),
+        default=None,
+        metavar="M",
+        help="leave out input lines that are not UTF-8 text (or, in JSON lines, not JSON), "
+        "at most M of them (in all, or in each --skip-window), and count them in the index "
+        "(default: stop at the first, naming it)",
+    )
+    chunk.add_argument(
+        "--skip-window",
+        type=_at_least(1),
+        default=None,
+        metavar="N",
+        help="with --skip-bad-lines: at most M bad lines in each run of N lines of an input "
+        "(a SkipPolicy(max_skips=M, per_items=N))",
     )
     chunk.add_argument("--quiet", action="store_true", help="no progress bar")
     chunk.set_defaults(run=_chunk)
@@ -122,6 +147,11 @@ def suggest_options(commands: Mapping[str, argparse.ArgumentParser], argv: list[
 
 
 def _chunk(args: argparse.Namespace) -> int:
+    on_error: OnError = "raise"
+    if args.skip_bad_lines is not None:
+        on_error = SkipPolicy(args.skip_bad_lines, args.skip_window)
+    elif args.skip_window is not None:
+        raise ValueError("--skip-window needs --skip-bad-lines (the most bad lines per window)")
     client: Any = None
     if args.scheduler is not None:
         try:
@@ -140,11 +170,20 @@ def _chunk(args: argparse.Namespace) -> int:
             client=client,
             split_bytes=args.split_bytes,
             show_progress=False if args.quiet else None,
+            on_error=on_error,
         )
     finally:
         if client is not None:
             client.close()
-    print(f"{args.out}: {len(index.chunks)} chunks, {len(index):,} items, index.json written")
+    skipped = (
+        f", {index.skipped:,} bad lines skipped (first: {index.skip_examples[0]})"
+        if index.skipped
+        else ""
+    )
+    print(
+        f"{args.out}: {len(index.chunks)} chunks, {len(index):,} items{skipped}, "
+        "index.json written"
+    )
     return 0
 
 

@@ -60,6 +60,10 @@ class ChunkIndex:
     job: dict[str, Any]
     """The arguments of the job that wrote the chunks (see ``chunk --help``)."""
     chunks: tuple[ChunkEntry, ...]
+    skipped: int = 0
+    """How many bad input lines the job skipped (``chunk --skip-bad-lines``)."""
+    skip_examples: tuple[str, ...] = ()
+    """The first few of them, described (input, line number, what is wrong)."""
 
     def __len__(self) -> int:
         return sum(chunk.items for chunk in self.chunks)
@@ -180,6 +184,7 @@ class ChunkIndex:
             "job": self.job,
             "items": len(self),
             "chunks": [chunk.to_json() for chunk in self.chunks],
+            "skipped": {"lines": self.skipped, "first": list(self.skip_examples)},
         }
 
 
@@ -215,9 +220,10 @@ def parse_index(location: str, data: bytes | str) -> ChunkIndex:
             raise ValueError("'chunks' is not a list")
         chunks = tuple(entry_from_json(raw) for raw in content["chunks"])
         job, items = _job(content.get("job")), content.get("items")
+        skipped, examples = _skipped(content.get("skipped", {"lines": 0, "first": []}))
     except ValueError as error:
         raise ChunkIndexError(f"chunk index {where} is damaged: {error}") from None
-    index = ChunkIndex(location, job, chunks)
+    index = ChunkIndex(location, job, chunks, skipped, examples)
     if items != len(index):
         raise ChunkIndexError(
             f"chunk index {where} is damaged: it says {items} items, its chunks hold {len(index)}"
@@ -248,7 +254,25 @@ def _job(job: object) -> dict[str, Any]:
             raise ValueError(f"'job' has no {field!r}")
         if not valid(job[field]):
             raise ValueError(f"'job' has the {field!r} {job[field]!r} (not {meaning})")
+    on_error = job.get("on_error", "raise")  # absent from the indexes of earlier versions
+    if on_error != "raise" and not (
+        isinstance(on_error, dict)
+        and set(on_error) == {"max_skips", "per_items"}
+        and all(v is None or isinstance(v, int) for v in on_error.values())
+    ):
+        raise ValueError(f"'job' has the 'on_error' {on_error!r} (not 'raise' or a SkipPolicy's)")
     return job
+
+
+def _skipped(raw: object) -> tuple[int, tuple[str, ...]]:
+    """The count and examples of an index's ``"skipped"`` (ValueError if malformed)."""
+    lines = raw.get("lines") if isinstance(raw, dict) else None
+    first = raw.get("first") if isinstance(raw, dict) else None
+    if isinstance(lines, bool) or not isinstance(lines, int) or lines < 0:
+        raise ValueError(f"'skipped' has the 'lines' {lines!r} (not an int >= 0)")
+    if not isinstance(first, list) or not all(isinstance(line, str) for line in first):
+        raise ValueError("'skipped' has no list of strings 'first'")
+    return lines, tuple(first)
 
 
 def _count(value: object) -> bool:

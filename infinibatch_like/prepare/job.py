@@ -19,15 +19,15 @@ from typing import Any
 from .._base import require_int
 from ..io import list_chunks
 from ..progress import progress_bar
+from ..records import OnError, resolve_on_error
 from ._files import clean_up, file_names, load_json, output_lock, read_bytes, write_json
 from ._refs import is_url, join_ref
+from .checks import EXAMPLES
 from .index import (
     INDEX_NAME,
-    ChunkEntry,
     ChunkIndex,
     ChunkIndexError,
     chunk_names,
-    entry_from_json,
     parse_index,
 )
 from .plan import (
@@ -45,7 +45,7 @@ from .plan import (
     plan_digest,
     source_of,
 )
-from .writer import PIECES_DIR, write_piece
+from .writer import PIECES_DIR, PieceDone, write_piece
 
 JOB_NAME = "job.json"
 _MANIFEST = re.compile(r"^piece-[0-9]{6}\.json$")
@@ -64,6 +64,7 @@ def chunk_corpus(
     split_bytes: int = DEFAULT_SPLIT_BYTES,
     storage_options: dict[str, Any] | None = None,
     show_progress: bool | None = None,
+    on_error: OnError = "raise",
 ) -> ChunkIndex:
     """Cut `inputs` into chunk files of `items_per_chunk` items under `out`, with an index.
 
@@ -83,13 +84,19 @@ def chunk_corpus(
         split_bytes: the byte range size for large uncompressed local inputs.
         storage_options: passed to fsspec for URLs.
         show_progress: a progress bar on stderr; None: when stderr is a terminal.
+        on_error: what an input line that is not UTF-8 text (or, in JSON lines, not JSON)
+            does: ``"raise"`` (a ValueError naming it), or a `SkipPolicy`, under which it is
+            left out and counted (`ChunkIndex.skipped`), up to ``max_skips`` bad lines in
+            each window of ``per_items`` lines of a piece (``per_items=None``: in all).
 
     Returns:
         The index written (as `load_index` reads it).
 
     Raises:
         ValueError: for a bad argument, an input that matches nothing, an unsupported
-            suffix, mixed input kinds, or an `out` that holds another job's chunks.
+            suffix, mixed input kinds, a bad line beyond `on_error`, an `out` that holds
+            another job's chunks (naming each option and input that differs) or that
+            another job is writing, or a damaged job file in `out` (naming it).
     """
     require_int(_OWNER, "items_per_chunk", items_per_chunk, 1)
     require_int(_OWNER, "split_bytes", split_bytes, 1)
@@ -105,10 +112,16 @@ def chunk_corpus(
         )
     if isinstance(inputs, str) or not inputs:
         raise ValueError(f"{_OWNER}: inputs must be a non-empty list of paths, got {inputs!r}")
+    policy = resolve_on_error(_OWNER, on_error)
+    skip: str | dict[str, int | None] = (
+        "raise"
+        if policy is None
+        else {"max_skips": policy.max_skips, "per_items": policy.per_items}
+    )
     with output_lock(out, _OWNER):
         return _chunk_locked(
             inputs, out, items_per_chunk, compress, input_format, workers, client,
-            split_bytes, storage_options, show_progress,
+            split_bytes, storage_options, show_progress, skip,
         )  # fmt: skip
 
 
@@ -123,14 +136,14 @@ def _chunk_locked(
     split_bytes: int,
     storage_options: dict[str, Any] | None,
     show_progress: bool | None,
+    on_error: str | dict[str, int | None],
 ) -> ChunkIndex:
     """`chunk_corpus` once it holds the output."""
     kind, pieces, sources = _plan(
         list(inputs), out, input_format, items_per_chunk, split_bytes, storage_options
     )
-    job = Job(
-        kind, tuple(inputs), items_per_chunk, compress, split_bytes, plan_digest(pieces, sources)
-    )
+    digest = plan_digest(pieces, sources)
+    job = Job(kind, tuple(inputs), items_per_chunk, compress, split_bytes, digest, on_error)
     finished = _check_output(job, sources, out, storage_options)
     if finished is not None:
         clean_up(out, PIECES_DIR, storage_options)
@@ -150,10 +163,10 @@ def _chunk_locked(
         disable=None if show_progress is None else not show_progress,
     ) as bar:
 
-        def finished_piece(piece: Piece, entries: list[ChunkEntry]) -> None:
+        def finished_piece(piece: Piece, result: PieceDone) -> None:
             nonlocal items
-            done[piece.number] = entries
-            items += sum(entry.items for entry in entries)
+            done[piece.number] = result
+            items += sum(entry.items for entry in result.entries)
             bar.update((piece.size or 0) if by_bytes else 1)
             bar.set_postfix_str(f"{items:,} items")
 
@@ -166,8 +179,17 @@ def _chunk_locked(
             if piece.number not in done
         ]
         _run_pieces(job, work, out, storage_options, workers, client, finished_piece)
-    chunks = tuple(entry for piece in pieces for entry in done[piece.number])
-    index = ChunkIndex(out, job.to_json(), chunks)
+    chunks = tuple(entry for piece in pieces for entry in done[piece.number].entries)
+    results = [done[piece.number] for piece in pieces]
+    skipped = sum(result.skipped for result in results)
+    examples = tuple(example for result in results for example in result.examples)[:EXAMPLES]
+    policy = job.skip_policy()
+    if policy is not None and policy.per_items is None and skipped > policy.max_skips:
+        raise ValueError(
+            f"{_OWNER}: {skipped} bad lines in all, more than the budget on_error={policy!r}; "
+            f"the first: {'; '.join(examples)}"
+        )
+    index = ChunkIndex(out, job.to_json(), chunks, skipped, examples)
     write_json(join_ref(out, INDEX_NAME), index.to_json(), storage_options)
     clean_up(out, PIECES_DIR, storage_options)
     return index
@@ -308,10 +330,8 @@ def _input_changes(job_file: dict[str, Any] | None, sources: list[Source], out: 
         ) from None
 
 
-def _read_manifests(
-    out: str, storage_options: dict[str, Any] | None
-) -> dict[int, list[ChunkEntry]]:
-    """The entries of the pieces already done, by piece number."""
+def _read_manifests(out: str, storage_options: dict[str, Any] | None) -> dict[int, PieceDone]:
+    """What the pieces already done wrote, by piece number."""
     done = {}
     pieces = join_ref(out, PIECES_DIR)
     for name in file_names(pieces, storage_options):
@@ -319,16 +339,13 @@ def _read_manifests(
             continue
         ref = join_ref(pieces, name)
         try:
-            raw = load_json(read_bytes(ref, storage_options), "it")
-            if not isinstance(raw, list):
-                raise ValueError("it is not a JSON list")
-            entries = [entry_from_json(entry) for entry in raw]
+            result = PieceDone.from_json(load_json(read_bytes(ref, storage_options), "it"))
         except ValueError as error:
             raise ValueError(
                 f"{_OWNER}: the piece manifest {ref} is damaged: {error}; delete it and run "
                 "the job again to redo that piece"
             ) from None
-        done[int(name[len("piece-") : -len(".json")])] = entries
+        done[int(name[len("piece-") : -len(".json")])] = result
     return done
 
 
@@ -339,7 +356,7 @@ def _run_pieces(
     storage_options: dict[str, Any] | None,
     workers: int | None,
     client: Any,
-    finished: Callable[[Piece, list[ChunkEntry]], None],
+    finished: Callable[[Piece, PieceDone], None],
 ) -> None:
     """Do the pieces of `work`, calling `finished` as each completes (in any order)."""
     if client is None and (workers == 1 or len(work) <= 1):
@@ -351,7 +368,7 @@ def _run_pieces(
         if client is not None
         else ProcessPoolExecutor(min(workers or os.cpu_count() or 1, len(work)))
     )
-    futures: dict[Future[list[ChunkEntry]], Piece] = {
+    futures: dict[Future[PieceDone], Piece] = {
         executor.submit(write_piece, job, piece, out, existing, storage_options): piece
         for piece, existing in work
     }

@@ -24,6 +24,7 @@ from typing import Any
 from ..io._compression import codec_for
 from ..io._storage import filesystem
 from ..io._walk import walk_files
+from ..records import SkipPolicy
 from ._refs import is_url
 
 COMPRESSIONS = {"gz": ".gz", "zst": ".zst", "none": ""}
@@ -127,11 +128,21 @@ class Job:
     plan: str
     """SHA-256 of the pieces (input files, byte ranges, directory files) and of the
     `Source` of every input file."""
+    on_error: str | dict[str, int | None] = "raise"
+    """What a bad input line does: ``"raise"``, or the fields of the `SkipPolicy` that
+    skips it (``{"max_skips": m, "per_items": n}``)."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["inputs"] = list(self.inputs)
         return data
+
+    def skip_policy(self) -> SkipPolicy | None:
+        """The policy of `on_error` (None for ``"raise"``)."""
+        if not isinstance(self.on_error, dict):
+            return None
+        max_skips, per_items = self.on_error["max_skips"], self.on_error["per_items"]
+        return SkipPolicy(int(max_skips or 0), per_items)
 
     def chunk_name(self, piece: int, number: int) -> str:
         """The file name of chunk `number` of piece `piece`."""
