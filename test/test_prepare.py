@@ -595,3 +595,31 @@ def test_skipped_text_lines_are_those_that_are_not_utf8(tmp_path: Path) -> None:
         f"line 2 of {tmp_path / 'a.txt'} is not UTF-8 text (invalid start byte at byte 4 of the "
         "line)",
     )
+
+
+def test_a_missing_bucket_is_named_by_chunk_verify_and_load_index(
+    tmp_path: Path, s3: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = f"{s3.name}-absent"
+    assert main(["verify", f"s3://{missing}/chunks"]) == 1
+    no_index = f"no chunk index at s3://{missing}/chunks/index.json: the bucket {missing!r}"
+    assert f"{no_index} does not exist" in capsys.readouterr().out
+    with pytest.raises(ChunkIndexError, match=f"the bucket {missing!r} does not exist"):
+        load_index(f"s3://{missing}/chunks")
+    _write_lines(tmp_path / "a.txt", ["x"])
+    for inputs, out, expected in (
+        (
+            [f"s3://{missing}/raw/*.txt"],
+            str(tmp_path / "out"),
+            f"no file matches the pattern 's3://{missing}/raw/*.txt': the bucket {missing!r} "
+            "does not exist",
+        ),
+        (
+            [str(tmp_path / "a.txt")],
+            f"s3://{missing}/chunks",
+            f"s3://{missing}/chunks/job.json: its bucket does not exist",
+        ),
+    ):
+        code = main(["chunk", *inputs, "--out", out, "--items-per-chunk", "2", "--quiet"])
+        assert code == 2
+        assert expected in capsys.readouterr().err
