@@ -192,6 +192,7 @@ def _chunk_error(tmp_path: Path, inputs: list[str], **kwargs: object) -> str:
 
 def test_missing_input(tmp_path: Path) -> None:
     message = _chunk_error(tmp_path, [str(tmp_path / "nope.txt")])
+    assert not (tmp_path / "out").exists()
     assert "input" in message
     assert "nope.txt" in message
     assert "does not exist" in message
@@ -445,6 +446,8 @@ def test_s3_to_s3_resumes_and_matches_a_local_run(tmp_path: Path, s3: Any) -> No
     out = s3.url("chunks")
     index = chunk_corpus([s3.url("raw/part-*")], out, items_per_chunk=3, workers=1)
     assert index.chunk_refs[0] == s3.url("chunks/chunk-000000-000000.txt.gz")
+    keys = s3.client.list_objects_v2(Bucket=s3.name, Prefix="chunks/")["Contents"]
+    assert not [item["Key"] for item in keys if "_pieces" in item["Key"]]  # removed at the end
     assert [line for ref in load_index(out).chunk_refs for line in read_lines(ref)] == expected
     local = chunk_corpus(
         [str(tmp_path / "in" / "part-*")], str(tmp_path / "out"), items_per_chunk=3, workers=1

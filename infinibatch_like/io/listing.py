@@ -69,7 +69,10 @@ def _why(pattern: str, storage_options: StorageOptions | None) -> str:
         return f": {bucket}"
     if is_url(pattern):
         fs, path = filesystem(pattern, storage_options)
-        is_dir, exists = fs.isdir(path), glob.has_magic(path) and fs.exists(path)
+        try:
+            is_dir, exists = fs.isdir(path), glob.has_magic(path) and fs.exists(path)
+        except Exception:  # the store does not say: the error stands without a reason
+            return ""
     else:
         path = os.path.expanduser(pattern)
         is_dir, exists = os.path.isdir(path), glob.has_magic(path) and os.path.isfile(path)

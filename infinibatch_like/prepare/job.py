@@ -1,11 +1,15 @@
 """Running a chunking job: plan it, check the output directory, do the pieces not yet done
 on a process pool (or a Dask cluster), and write the index.
 
-Resuming: the job's identity (``job.json``) is written before any chunk, each finished
-piece leaves a manifest, and the index is written last. A re-run of the same job skips
-the pieces that have a manifest and the chunk files that exist (writes are atomic), so an
-interrupted job finishes without writing a chunk twice; a re-run after the index exists
-does nothing. An output directory that holds another job is refused.
+Resuming: the job's identity (``job.json``: its arguments, and the size and version of
+every input file, see `Source`) is written before any chunk, each finished piece leaves a
+manifest, and the index is written last. A re-run of the same job skips the pieces that
+have a manifest and the chunk files that exist (writes are atomic), so an interrupted job
+finishes without writing a chunk twice; a re-run after the index exists does nothing. Once
+the index is written, the manifests and the temporary files of killed writes are removed.
+An output directory that holds another job is refused, naming each argument and input
+that differs; one that another job is writing is refused too (see `_files` for the lock).
+The output's path is literal, and files inside it are never read as inputs.
 """
 
 from __future__ import annotations
@@ -118,32 +122,27 @@ def chunk_corpus(
         if policy is None
         else {"max_skips": policy.max_skips, "per_items": policy.per_items}
     )
-    with output_lock(out, _OWNER):
-        return _chunk_locked(
-            inputs, out, items_per_chunk, compress, input_format, workers, client,
-            split_bytes, storage_options, show_progress, skip,
-        )  # fmt: skip
-
-
-def _chunk_locked(
-    inputs: Sequence[str],
-    out: str,
-    items_per_chunk: int,
-    compress: str,
-    input_format: str,
-    workers: int | None,
-    client: Any,
-    split_bytes: int,
-    storage_options: dict[str, Any] | None,
-    show_progress: bool | None,
-    on_error: str | dict[str, int | None],
-) -> ChunkIndex:
-    """`chunk_corpus` once it holds the output."""
     kind, pieces, sources = _plan(
         list(inputs), out, input_format, items_per_chunk, split_bytes, storage_options
     )
     digest = plan_digest(pieces, sources)
-    job = Job(kind, tuple(inputs), items_per_chunk, compress, split_bytes, digest, on_error)
+    job = Job(kind, tuple(inputs), items_per_chunk, compress, split_bytes, digest, skip)
+    with output_lock(out, _OWNER):
+        return _run_job(job, pieces, sources, out, workers, client, storage_options, show_progress)
+
+
+def _run_job(
+    job: Job,
+    pieces: list[Piece],
+    sources: list[Source],
+    out: str,
+    workers: int | None,
+    client: Any,
+    storage_options: dict[str, Any] | None,
+    show_progress: bool | None,
+) -> ChunkIndex:
+    """`chunk_corpus` once it holds the output: check it, do the pieces not done, write
+    the index."""
     finished = _check_output(job, sources, out, storage_options)
     if finished is not None:
         clean_up(out, PIECES_DIR, storage_options)
