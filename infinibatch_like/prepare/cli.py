@@ -18,7 +18,9 @@ from .plan import COMPRESSIONS, DEFAULT_SPLIT_BYTES
 from .verify import verify_chunks
 
 
-def _at_least(minimum: int) -> Callable[[str], int]:
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an int >= `minimum`."""
+
     def parse(text: str) -> int:
         value = int(text)
         if value < minimum:
@@ -29,7 +31,6 @@ def _at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-_positive = _at_least(1)
 
 
 def add_commands(commands: Any) -> None:
@@ -48,7 +49,7 @@ def add_commands(commands: Any) -> None:
         "--out", required=True, metavar="DIR_OR_URL", help="where the chunks and index.json go"
     )
     chunk.add_argument(
-        "--items-per-chunk", type=_positive, required=True, metavar="N",
+        "--items-per-chunk", type=at_least(1), required=True, metavar="N",
         help="lines (or files) per chunk; each input's last chunk may hold fewer",
     )  # fmt: skip
     chunk.add_argument(
@@ -62,7 +63,7 @@ def add_commands(commands: Any) -> None:
         help="input format (default: from the suffix)",
     )
     chunk.add_argument(
-        "--workers", type=_positive, default=None, help="processes (default: every core)"
+        "--workers", type=at_least(1), default=None, help="processes (default: every core)"
     )
     chunk.add_argument(
         "--scheduler",
@@ -72,7 +73,7 @@ def add_commands(commands: Any) -> None:
     )
     chunk.add_argument(
         "--split-bytes",
-        type=_positive,
+        type=at_least(1),
         default=DEFAULT_SPLIT_BYTES,
         metavar="B",
         help="cut uncompressed local inputs larger than this into byte ranges done in "
@@ -80,7 +81,7 @@ def add_commands(commands: Any) -> None:
     )
     chunk.add_argument(
         "--skip-bad-lines",
-        type=_at_least(0),
+        type=at_least(0),
         default=None,
         metavar="M",
         help="leave out input lines that are not UTF-8 text (or, in JSON lines, not JSON), "
@@ -89,7 +90,7 @@ def add_commands(commands: Any) -> None:
     )
     chunk.add_argument(
         "--skip-window",
-        type=_at_least(1),
+        type=at_least(1),
         default=None,
         metavar="N",
         help="with --skip-bad-lines: at most M bad lines in each run of N lines of an input "
