@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+from typing import Any
 
 from ._storage import StorageOptions, filesystem, is_url, missing_bucket
 from ._walk import has_recursive_part, recursive_glob
@@ -39,27 +40,41 @@ def list_chunks(
         ChunkAccessError, ChunkReadError: if the store refuses or keeps failing the listing.
         MissingExtraError: naming the extra to install for a URL (``remote``).
     """
+    return sorted(find_files(pattern, storage_options=storage_options, retry=retry))
+
+
+def find_files(
+    pattern: str | os.PathLike[str],
+    *,
+    storage_options: StorageOptions | None = None,
+    retry: RetryPolicy | None = None,
+) -> dict[str, dict[str, Any]]:
+    """`list_chunks`'s files (in no order), each with what the listing told of it: the
+    store's details of an object (``size``, ``ETag``, ...), nothing for a local file."""
     text = os.fspath(pattern)
     if is_url(text):
         fs, path = filesystem(text, storage_options)
 
-        def find() -> list[str]:
+        def find() -> dict[str, dict[str, Any]]:
             fs.invalidate_cache()
             found = fs.glob(path, detail=True)
-            return [fs.unstrip_protocol(p) for p, info in found.items() if info["type"] == "file"]
+            return {
+                fs.unstrip_protocol(p): info for p, info in found.items() if info["type"] == "file"
+            }
 
-        refs = call_with_retries(find, text, "listing", retry)
+        files = call_with_retries(find, text, "listing", retry)
     else:
         expanded = os.path.expanduser(text)
         if has_recursive_part(expanded):
-            refs = recursive_glob(expanded)
+            matches = recursive_glob(expanded)
         else:
-            refs = [m for m in glob.glob(expanded, recursive=True) if os.path.isfile(m)]
-    if not refs:
+            matches = [m for m in glob.glob(expanded, recursive=True) if os.path.isfile(m)]
+        files = {match: {} for match in matches}
+    if not files:
         raise ChunkNotFoundError(
             f"list_chunks: no file matches the pattern {text!r}{_why(text, storage_options)}"
         )
-    return sorted(refs)
+    return files
 
 
 def _why(pattern: str, storage_options: StorageOptions | None) -> str:

@@ -21,7 +21,7 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_complet
 from typing import Any
 
 from .._base import require_int
-from ..io import list_chunks
+from ..io.listing import find_files
 from ..progress import progress_bar
 from ..records import OnError, resolve_on_error
 from ._files import clean_up, file_names, load_json, output_lock, read_bytes, write_json
@@ -214,7 +214,7 @@ def _plan(
         sources = [source_of(os.path.join(directory, name), None) for name in names]
         files = [(name, source.size) for name, source in zip(names, sources, strict=True)]
         return "files", file_pieces(directory, files, items_per_chunk), sources
-    refs: list[str] = []
+    refs: dict[str, dict[str, Any]] = {}  # each with what its listing said
     for pattern in inputs:
         if (
             not is_url(pattern)
@@ -223,15 +223,15 @@ def _plan(
         ):
             raise ValueError(f"{_OWNER}: input {pattern!r} does not exist")
         try:
-            matched = list_chunks(pattern, storage_options=storage_options)
+            matched = find_files(pattern, storage_options=storage_options)
         except FileNotFoundError as error:
             raise ValueError(f"{_OWNER}: input {pattern!r} matches no file ({error})") from None
-        outside = [ref for ref in matched if not _inside(ref, out)]
+        outside = {ref: info for ref, info in sorted(matched.items()) if not _inside(ref, out)}
         if not outside:
             raise ValueError(
                 f"{_OWNER}: input {pattern!r} matches only files of the output {out!r}"
             )
-        refs.extend(outside)
+        refs.update(outside)
     kinds = {ref: input_kind(ref, input_format) for ref in refs}
     if len(set(kinds.values())) > 1:
         lines = next(ref for ref, kind in kinds.items() if kind == "lines")
@@ -240,7 +240,7 @@ def _plan(
             f"{_OWNER}: the inputs mix text lines ({lines!r}) and JSON lines ({jsonl!r}); "
             "chunk them as separate jobs"
         )
-    sources = [source_of(ref, storage_options) for ref in refs]
+    sources = [source_of(ref, storage_options, info) for ref, info in refs.items()]
     return next(iter(kinds.values())), line_pieces(sources, split_bytes), sources
 
 

@@ -19,7 +19,7 @@ import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 from ..io._compression import codec_for
 from ..io._storage import filesystem
@@ -73,13 +73,18 @@ class Source:
         return [self.name, self.size, self.version]
 
 
-def source_of(ref: str, storage_options: dict[str, Any] | None) -> Source:
-    """The `Source` of input file `ref` (one ``stat``, or one request to the store)."""
+def source_of(
+    ref: str, storage_options: dict[str, Any] | None, listed: dict[str, Any] | None = None
+) -> Source:
+    """The `Source` of input file `ref`: one ``stat``; for an object, what its listing
+    said (`listed`), else one request to the store."""
     if not is_url(ref):
         status = os.stat(ref)
         return Source(ref, status.st_size, f"mtime_ns {status.st_mtime_ns}")
-    fs, path = filesystem(ref, storage_options)
-    info = fs.info(path)
+    info = listed or {}
+    if info.get("size") is None or not any(info.get(k) is not None for k in _VERSION_KEYS):
+        fs, path = filesystem(ref, storage_options)
+        info = fs.info(path)
     key = next((k for k in _VERSION_KEYS if info.get(k) is not None), None)
     return Source(ref, int(info["size"]), "" if key is None else f"{key} {info[key]}")
 
@@ -141,8 +146,7 @@ class Job:
         """The policy of `on_error` (None for ``"raise"``)."""
         if not isinstance(self.on_error, dict):
             return None
-        max_skips, per_items = self.on_error["max_skips"], self.on_error["per_items"]
-        return SkipPolicy(int(max_skips or 0), per_items)
+        return SkipPolicy(cast(int, self.on_error["max_skips"]), self.on_error["per_items"])
 
     def chunk_name(self, piece: int, number: int) -> str:
         """The file name of chunk `number` of piece `piece`."""
