@@ -258,17 +258,21 @@ def _check_output(
     if it holds nothing or this job unfinished; ValueError if it holds another job."""
     names = set(file_names(out, storage_options))
     wanted = job.to_json()
-    recorded = _read_job_file(out, storage_options) if JOB_NAME in names else None
+
+    def job_file() -> dict[str, Any] | None:
+        return _read_job_file(out, storage_options) if JOB_NAME in names else None
+
     if INDEX_NAME in names:
         data = read_bytes(join_ref(out, INDEX_NAME), storage_options)
         try:
             index = parse_index(out, data)
         except ChunkIndexError as error:
             raise ChunkIndexError(f"{_OWNER}: {error}") from None
-        _require_same_job(index.job, recorded, wanted, sources, out)
+        _require_same_job(index.job, job_file, wanted, sources, out)
         return index
+    recorded = job_file()
     if recorded is not None:
-        _require_same_job(recorded, recorded, wanted, sources, out)
+        _require_same_job(recorded, lambda: recorded, wanted, sources, out)
     else:
         record = {**wanted, "sources": [source.to_json() for source in sources]}
         write_json(join_ref(out, JOB_NAME), record, storage_options)
@@ -291,13 +295,14 @@ def _read_job_file(out: str, storage_options: dict[str, Any] | None) -> dict[str
 
 def _require_same_job(
     recorded: dict[str, Any],
-    job_file: dict[str, Any] | None,
+    job_file: Callable[[], dict[str, Any] | None],
     wanted: dict[str, Any],
     sources: list[Source],
     out: str,
 ) -> None:
     """ValueError naming each option and input that differs between the `recorded` job
-    (of the index or job file) and the `wanted` one; `job_file` has the recorded inputs."""
+    (of the index or job file) and the `wanted` one; `job_file` gives the recorded inputs
+    (None if there is no job file), read only where the plans differ."""
     changed = [key for key in wanted if recorded.get(key) != wanted[key]]
     if not changed:
         return
@@ -308,7 +313,7 @@ def _require_same_job(
     ]
     if "plan" in changed:
         plan = f"plan: {recorded.get('plan')!r} there, {wanted['plan']!r} now"
-        details += _input_changes(job_file, sources, out) or ([] if details else [plan])
+        details += _input_changes(job_file(), sources, out) or ([] if details else [plan])
     raise ValueError(
         f"{_OWNER}: the output {out!r} holds the chunks of a different job "
         f"({'; '.join(details)}); choose another output directory, or delete this one to "
