@@ -130,13 +130,6 @@ def run_demo(num_lines: int, seed: int, workdir: Path) -> int:
     return 1
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default: ``sys.argv[1:]``), run the command, return its exit code."""
     parser = argparse.ArgumentParser(
@@ -144,15 +137,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = commands.add_parser(
-        "demo", help="checkpoint a pipeline mid-stream and show an exact resume"
+        "demo",
+        help="checkpoint a pipeline mid-stream and show an exact resume",
+        description="Checkpoint a shuffled, bucketed pipeline over a small synthetic corpus "
+        "mid-stream, restore the state into a fresh pipeline, and compare its batches with "
+        "an uninterrupted run. Exit code 0: identical, 1: they differ.",
     )
-    demo.add_argument("--lines", type=_positive, default=3000, help="corpus size (default 3000)")
+    demo.add_argument(
+        "--lines", type=prepare_cli.at_least(1), default=3000, help="corpus size (default 3000)"
+    )
     demo.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     demo.add_argument(
         "--workdir", type=Path, default=None, help="where to write the chunks (default: a temp dir)"
     )
     prepare_cli.add_commands(commands)
-    args = parser.parse_args(argv)
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    prepare_cli.suggest_options(commands.choices, arguments)
+    args = parser.parse_args(arguments)
     if args.command != "demo":
         return prepare_cli.run(args)
     if args.workdir is not None:

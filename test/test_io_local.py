@@ -4,12 +4,14 @@ record files, atomic output, errors naming the chunk, missing extras."""
 from __future__ import annotations
 
 import functools
+import glob
 import gzip
 import json
 import os
 import pickle
 import re
 import sys
+import threading
 import zlib
 from itertools import islice
 from pathlib import Path
@@ -251,6 +253,68 @@ def test_list_chunks_local(tmp_path: Path) -> None:
     ]
     with pytest.raises(ChunkNotFoundError, match=r"no file matches the pattern '.*\*\.zst'"):
         list_chunks(str(tmp_path / "*.zst"))
+
+
+def _listing_in_thread(pattern: str) -> list[str]:
+    """`list_chunks(pattern)`, failing the test if it gives no answer within 10 s."""
+    found: list[list[str]] = []
+    worker = threading.Thread(target=lambda: found.append(list_chunks(pattern)), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert found, f"list_chunks({pattern!r}) gave no answer within 10 s"
+    return found[0]
+
+
+def test_recursive_listing_survives_symlink_loops_listing_each_file_once(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    write(root / "a.txt", b"a\n")
+    write(root / "sub" / "b.txt", b"b\n")
+    (root / "sub" / "up").symlink_to(root, target_is_directory=True)
+    assert list_chunks(f"{root}/**/*.txt") == [f"{root}/a.txt", f"{root}/sub/b.txt"]
+    (root / "sideways").symlink_to(root / "sub", target_is_directory=True)
+    (root / "sub" / "self").symlink_to(root / "sub", target_is_directory=True)
+    assert _listing_in_thread(f"{root}/**/*.txt") == [f"{root}/a.txt", f"{root}/sub/b.txt"]
+
+
+def test_recursive_listing_enters_a_symlinked_directory_once(tmp_path: Path) -> None:
+    write(tmp_path / "elsewhere" / "c.txt", b"c\n")
+    root = tmp_path / "root"
+    write(root / "a.txt", b"a\n")
+    (root / "linked").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (root / "linked_again").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (root / "dangling").symlink_to(tmp_path / "gone", target_is_directory=True)
+    assert list_chunks(f"{root}/**/*.txt") == [f"{root}/a.txt", f"{root}/linked/c.txt"]
+    assert list_chunks(f"{root}/**") == [f"{root}/a.txt", f"{root}/linked/c.txt"]
+
+
+def test_recursive_listing_keeps_glob_semantics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ["x.txt", "d/y.txt", "d/e/z.txt", "d/.hidden/h.txt", ".top.txt", "d/w.gz"]:
+        write(tmp_path / name, b"x\n")
+    monkeypatch.chdir(tmp_path)
+    for pattern in ["**/*.txt", "d/**/*.txt", "**/e/*.txt", "d/**", "**/.*.txt", "*/**/z.txt"]:
+        for where in (str(tmp_path / pattern), pattern):
+            expected = sorted(p for p in glob.glob(where, recursive=True) if os.path.isfile(p))
+            assert expected
+            assert list_chunks(where) == expected, where
+
+
+def test_literal_name_with_glob_characters_says_how_to_escape_it(tmp_path: Path) -> None:
+    path = write(tmp_path / "part[1].txt", b"x\n")
+    with pytest.raises(ChunkNotFoundError) as error:
+        list_chunks(path)
+    message = str(error.value)
+    assert "glob characters" in message
+    assert repr(glob.escape(path)) in message
+    assert list_chunks(glob.escape(path)) == [path]
+
+
+def test_listing_a_directory_hints_at_its_files(tmp_path: Path) -> None:
+    write(tmp_path / "data" / "a.txt", b"x\n")
+    with pytest.raises(ChunkNotFoundError) as error:
+        list_chunks(tmp_path / "data")
+    assert f"is a directory: list its files with '{tmp_path / 'data'}/*'" in str(error.value)
 
 
 def test_memory_urls_keep_their_protocol() -> None:

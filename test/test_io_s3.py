@@ -248,3 +248,26 @@ def test_an_object_replaced_mid_stream_is_not_spliced(
     s3_proxy.inject("reset", 1, "GET", "moving.txt")  # the next range request fails
     with pytest.raises(ChunkReadError, match=rf"{url} changed while it was being read"):
         list(lines)
+
+
+def test_a_missing_bucket_is_named_as_such(s3: S3Bucket) -> None:
+    missing = f"{s3.name}-absent"
+    for call in (
+        lambda: list_chunks(f"s3://{missing}/corpus/*.txt.gz"),
+        lambda: list_chunks(f"s3://{missing}/corpus/a.txt"),
+        lambda: open_chunk(f"s3://{missing}/corpus/a.txt"),
+    ):
+        with pytest.raises(ChunkNotFoundError) as error:
+            call()
+        assert f"s3://{missing}/corpus/" in str(error.value)
+        assert "bucket" in str(error.value)
+        assert "does not exist" in str(error.value)
+    with pytest.raises(ChunkNotFoundError) as error:  # the bucket exists: no such claim
+        list_chunks(s3.url("corpus/*.txt.gz"))
+    assert "does not exist" not in str(error.value)
+
+
+def test_listing_an_s3_prefix_hints_at_its_objects(s3: S3Bucket) -> None:
+    s3.put("corpus/a.txt", b"x\n")
+    with pytest.raises(ChunkNotFoundError, match=r"is a directory: list its files with 's3://"):
+        list_chunks(s3.url("corpus"))

@@ -19,8 +19,17 @@ from hypothesis import strategies as st
 from infinibatch_like.__main__ import main
 from infinibatch_like.io import read_jsonl, read_lines, read_records
 from infinibatch_like.prepare import ChunkIndexError, chunk_corpus, load_index, read_index
-from infinibatch_like.prepare.plan import Job, Piece, file_pieces, line_pieces
+from infinibatch_like.prepare.checks import BadLines
+from infinibatch_like.prepare.plan import (
+    Job,
+    Piece,
+    directory_files,
+    file_pieces,
+    line_pieces,
+    source_of,
+)
 from infinibatch_like.prepare.writer import _chunk_payloads, _cut
+from infinibatch_like.records import SkipPolicy
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -88,8 +97,8 @@ def test_each_input_is_cut_into_chunks_of_nearly_equal_sizes(
         tmp_path_factory.mktemp("even") / f"in.txt{'.gz' if gzipped else ''}", lines
     )
     job = Job("lines", (str(path),), per_chunk, "none", 1 << 20, "")
-    (piece,) = line_pieces([str(path)], 1 << 20)
-    chunks = list(_chunk_payloads(job, piece, None))
+    (piece,) = line_pieces([source_of(str(path), None)], 1 << 20)
+    chunks = list(_chunk_payloads(job, piece, BadLines(None, str(path)), None))
     assert [number for number, _, _ in chunks] == list(range(len(chunks)))
     assert [count for _, _, count in chunks] == _even(items, per_chunk)
     assert [line for _, payload, _ in chunks for line in payload.decode().split("\n")[:-1]] == lines
@@ -135,7 +144,9 @@ def test_directory_files_are_packed_in_chunks_of_nearly_equal_sizes(
 ) -> None:
     for number in range(files):
         (tmp_path / f"f{number:02d}.bin").write_bytes(b"x" * number)
-    pieces = file_pieces(str(tmp_path), per_chunk)
+    names = directory_files(str(tmp_path))
+    sized = [(name, (tmp_path / name).stat().st_size) for name in names]
+    pieces = file_pieces(str(tmp_path), sized, per_chunk)
     assert [len(piece.names) for piece in pieces] == _even(files, per_chunk)
     assert [name for piece in pieces for name in piece.names] == [
         f"f{number:02d}.bin" for number in range(files)
@@ -238,6 +249,7 @@ def _chunk_error(tmp_path: Path, inputs: list[str], **kwargs: object) -> str:
 
 def test_missing_input(tmp_path: Path) -> None:
     message = _chunk_error(tmp_path, [str(tmp_path / "nope.txt")])
+    assert not (tmp_path / "out").exists()
     assert "input" in message
     assert "nope.txt" in message
     assert "does not exist" in message
@@ -353,7 +365,10 @@ def test_changed_input_is_another_job(tmp_path: Path) -> None:
     _write_lines(tmp_path / "a.txt", ["x", "y"])
     chunk_corpus([str(tmp_path / "a.txt")], str(tmp_path / "out"), items_per_chunk=3)
     _write_lines(tmp_path / "a.txt", ["x", "y", "z"])
-    assert "plan:" in _chunk_error(tmp_path, [str(tmp_path / "a.txt")])
+    message = _chunk_error(tmp_path, [str(tmp_path / "a.txt")])
+    changed = f"the input {str(tmp_path / 'a.txt')!r} changed since the job started (4 bytes"
+    assert changed in message
+    assert "; 6 bytes, mtime_ns " in message
 
 
 def test_output_of_the_earlier_chunk_layout_is_refused(tmp_path: Path) -> None:
@@ -522,6 +537,8 @@ def test_s3_to_s3_resumes_and_matches_a_local_run(tmp_path: Path, s3: Any) -> No
     out = s3.url("chunks")
     index = chunk_corpus([s3.url("raw/part-*")], out, items_per_chunk=3, workers=1)
     assert index.chunk_refs[0] == s3.url("chunks/chunk-000000-000000.txt.gz")
+    keys = s3.client.list_objects_v2(Bucket=s3.name, Prefix="chunks/")["Contents"]
+    assert not [item["Key"] for item in keys if "_pieces" in item["Key"]]  # removed at the end
     assert [line for ref in load_index(out).chunk_refs for line in read_lines(ref)] == expected
     local = chunk_corpus(
         [str(tmp_path / "in" / "part-*")], str(tmp_path / "out"), items_per_chunk=3, workers=1
@@ -571,8 +588,132 @@ def test_byte_ranges_hold_every_line_once(
     path.write_bytes(("\n".join(lines) + ("\n" if final_newline else "")).encode("utf-8"))
     job = Job("lines", (str(path),), size, "none", split_bytes, "")
     found = []
-    for piece in line_pieces([str(path)], split_bytes):
-        for _, payload, items in _chunk_payloads(job, piece, None):
+    for piece in line_pieces([source_of(str(path), None)], split_bytes):
+        for _, payload, items in _chunk_payloads(job, piece, BadLines(None, str(path)), None):
             assert 1 <= items <= size
             found.extend(payload.decode("utf-8").split("\n")[:-1])
     assert found == list(read_lines(str(path)))
+
+
+# -- the command line ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["demo", "chunk", "verify", "inspect"])
+def test_every_command_explains_itself_and_each_argument(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "-h"])
+    assert exit_.value.code == 0
+    usage, description, *sections = capsys.readouterr().out.split("\n\n")
+    assert usage.startswith(f"usage: infinibatch-like {command} ")
+    assert description[0].isupper(), description  # a sentence, not the first section
+    assert description.rstrip().endswith(".")
+    lines = "\n\n".join(sections).splitlines()
+    for number, line in enumerate(lines):
+        if line.startswith("  ") and not line.startswith("   "):  # an argument's first line
+            helped = len(line.split()) > (1 if not line.lstrip().startswith("-") else 2)
+            follows = number + 1 < len(lines) and lines[number + 1].startswith(" " * 8)
+            assert helped or follows, f"{command} -h: no help for {line.strip()!r}"
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"), [("--output", "--out"), ("--items-per-chunks", "--items-per-chunk")]
+)
+def test_a_misspelled_flag_gets_a_suggestion(
+    typed: str, meant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    arguments = {"--out": "o", "--items-per-chunk": "2"}
+    del arguments[meant]
+    flags = [part for flag, value in {**arguments, typed: "3"}.items() for part in (flag, value)]
+    with pytest.raises(SystemExit) as exit_:
+        main(["chunk", "a.txt", *flags])
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err
+    assert f"unrecognized argument {typed}: did you mean {meant}?" in error
+
+
+def _bad_jsonl(path: Path) -> Path:
+    """JSON lines with a line that is not JSON (line 2) and one that is not UTF-8 (line 4)."""
+    path.write_bytes(b'{"n": 0}\n{oops\n{"n": 2}\n"\xff"\n{"n": 4}\n{"n": 5}\n')
+    return path
+
+
+def test_chunk_skips_bad_lines_within_its_budget_and_reports_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, out = _bad_jsonl(tmp_path / "a.jsonl"), tmp_path / "out"
+    arguments = ["chunk", str(path), "--out", str(out), "--items-per-chunk", "2", "--quiet"]
+    assert main([*arguments, "--skip-bad-lines", "2"]) == 0
+    assert "4 items, 2 bad lines skipped (first: line 2 of" in capsys.readouterr().out
+    index = load_index(str(out))
+    assert [row for ref in index.chunk_refs for row in read_jsonl(ref)] == [
+        {"n": 0}, {"n": 2}, {"n": 4}, {"n": 5}
+    ]  # fmt: skip
+    assert index.skipped == 2
+    assert index.skip_examples[0].startswith(f"line 2 of {path} is not JSON")
+    assert index.skip_examples[1].startswith(f"line 4 of {path} is not JSON")
+    assert main(["verify", str(out)]) == 0
+    assert main([*arguments, "--skip-bad-lines", "3"]) == 2
+    assert "on_error: {'max_skips': 2, 'per_items': None} there" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("options", "refusal"),
+    [
+        (["--skip-bad-lines", "1"], "more than 1 bad lines in all of"),
+        (["--skip-bad-lines", "1", "--skip-window", "5"], "more than 1 bad lines in lines 1-5"),
+        (["--skip-bad-lines", "1", "--skip-window", "3"], None),
+        (["--skip-window", "3"], "--skip-window needs --skip-bad-lines"),
+    ],
+)
+def test_chunk_refuses_bad_lines_beyond_its_budget(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], refusal: str | None
+) -> None:
+    path, out = _bad_jsonl(tmp_path / "a.jsonl"), tmp_path / "out"
+    code = main(["chunk", str(path), "--out", str(out), "--items-per-chunk", "2", *options])
+    assert code == (0 if refusal is None else 2)
+    if refusal is not None:
+        assert refusal in capsys.readouterr().err
+        assert not (out / "index.json").exists()
+
+
+def test_skipped_text_lines_are_those_that_are_not_utf8(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_bytes(b"one\nbad \xff\nthree\n")
+    index = chunk_corpus(
+        [str(tmp_path / "a.txt")], str(tmp_path / "out"), items_per_chunk=5,
+        on_error=SkipPolicy(max_skips=1),
+    )  # fmt: skip
+    assert [line for ref in index.chunk_refs for line in read_lines(ref)] == ["one", "three"]
+    assert index.skip_examples == (
+        f"line 2 of {tmp_path / 'a.txt'} is not UTF-8 text (invalid start byte at byte 4 of the "
+        "line)",
+    )
+
+
+def test_a_missing_bucket_is_named_by_chunk_verify_and_load_index(
+    tmp_path: Path, s3: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = f"{s3.name}-absent"
+    assert main(["verify", f"s3://{missing}/chunks"]) == 1
+    no_index = f"no chunk index at s3://{missing}/chunks/index.json: the bucket {missing!r}"
+    assert f"{no_index} does not exist" in capsys.readouterr().out
+    with pytest.raises(ChunkIndexError, match=f"the bucket {missing!r} does not exist"):
+        load_index(f"s3://{missing}/chunks")
+    _write_lines(tmp_path / "a.txt", ["x"])
+    for inputs, out, expected in (
+        (
+            [f"s3://{missing}/raw/*.txt"],
+            str(tmp_path / "out"),
+            f"no file matches the pattern 's3://{missing}/raw/*.txt': the bucket {missing!r} "
+            "does not exist",
+        ),
+        (
+            [str(tmp_path / "a.txt")],
+            f"s3://{missing}/chunks",
+            f"s3://{missing}/chunks/job.json: its bucket does not exist",
+        ),
+    ):
+        code = main(["chunk", *inputs, "--out", out, "--items-per-chunk", "2", "--quiet"])
+        assert code == 2
+        assert expected in capsys.readouterr().err

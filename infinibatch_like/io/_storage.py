@@ -24,6 +24,8 @@ from .retry import RetryPolicy, call_with_retries, named_error
 StorageOptions = Mapping[str, Any]
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 _S3 = ("s3", "s3a")
+_BUCKET_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
+"""Protocols whose URLs start with a bucket (or container) name: ``s3://BUCKET/key``."""
 
 
 def is_url(ref: str) -> bool:
@@ -61,6 +63,24 @@ def filesystem(ref: str, storage_options: StorageOptions | None) -> tuple[Any, s
     if protocol in _S3:
         fs.retries = 1  # s3fs's own retries (a class attribute, not an option): none
     return fs, path
+
+
+def missing_bucket(ref: str, storage_options: StorageOptions | None) -> str | None:
+    """``"the bucket 'NAME' does not exist"`` where the store of URL `ref` says that its
+    bucket (or container) is absent; None where it exists, for local paths and other
+    protocols, and where the store does not say (e.g. access refused)."""
+    if not is_url(ref) or protocol_of(ref) not in _BUCKET_STORES:
+        return None
+    fs, path = filesystem(ref, storage_options)
+    bucket = path.split("/", 1)[0]
+    try:
+        fs.invalidate_cache(bucket)
+        fs.info(bucket)
+    except FileNotFoundError:
+        return f"the bucket {bucket!r} does not exist"
+    except Exception:  # access refused, no connection: the caller's own error tells more
+        return None
+    return None
 
 
 def open_raw(

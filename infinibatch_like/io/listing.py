@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import glob
 import os
+from typing import Any
 
-from ._storage import StorageOptions, filesystem, is_url
+from ._storage import StorageOptions, filesystem, is_url, missing_bucket
+from ._walk import has_recursive_part, recursive_glob
 from .errors import ChunkNotFoundError
 from .retry import RetryPolicy, call_with_retries
 
@@ -18,12 +20,13 @@ def list_chunks(
 ) -> list[str]:
     """The files matching a glob, sorted: the ``chunk_refs`` of a chunked data set.
 
-    Local patterns use `glob.glob` (``**`` matches directories recursively, ``~`` is
-    expanded); URL patterns (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``memory://``,
-    ``file://``, any fsspec protocol) use the fsspec file system's ``glob``, freshly (its
-    listing cache is cleared first). Directories are left out. URLs keep their protocol, so
-    that they can be opened again (``s3://bucket/key``). The order is that of Python's
-    string sort, the same on every machine.
+    Local patterns have `glob.glob`'s meaning (``**`` matches directories recursively,
+    following symbolic links but entering each directory once, so that a link loop lists
+    each file once; ``~`` is expanded); URL patterns (``s3://``, ``gs://``, ``az://``,
+    ``http(s)://``, ``memory://``, ``file://``, any fsspec protocol) use the fsspec file
+    system's ``glob``, freshly (its listing cache is cleared first). Directories are left
+    out. URLs keep their protocol, so that they can be opened again (``s3://bucket/key``).
+    The order is that of Python's string sort, the same on every machine.
 
     Args:
         pattern: the glob, e.g. ``"data/*.txt.gz"`` or ``"s3://bucket/corpus/*.jsonl.zst"``.
@@ -31,23 +34,71 @@ def list_chunks(
         retry: the retry policy of transient listing failures (`DEFAULT_RETRY` if None).
 
     Raises:
-        ChunkNotFoundError: if no file matches, naming the pattern.
+        ChunkNotFoundError: if no file matches, naming the pattern (and saying so where it
+            names a directory, a file whose name holds glob characters, or a bucket that
+            does not exist).
         ChunkAccessError, ChunkReadError: if the store refuses or keeps failing the listing.
         MissingExtraError: naming the extra to install for a URL (``remote``).
     """
+    return sorted(find_files(pattern, storage_options=storage_options, retry=retry))
+
+
+def find_files(
+    pattern: str | os.PathLike[str],
+    *,
+    storage_options: StorageOptions | None = None,
+    retry: RetryPolicy | None = None,
+) -> dict[str, dict[str, Any]]:
+    """`list_chunks`'s files (in no order), each with what the listing told of it: the
+    store's details of an object (``size``, ``ETag``, ...), nothing for a local file."""
     text = os.fspath(pattern)
     if is_url(text):
         fs, path = filesystem(text, storage_options)
 
-        def find() -> list[str]:
+        def find() -> dict[str, dict[str, Any]]:
             fs.invalidate_cache()
             found = fs.glob(path, detail=True)
-            return [fs.unstrip_protocol(p) for p, info in found.items() if info["type"] == "file"]
+            return {
+                fs.unstrip_protocol(p): info for p, info in found.items() if info["type"] == "file"
+            }
 
-        refs = call_with_retries(find, text, "listing", retry)
+        files = call_with_retries(find, text, "listing", retry)
     else:
-        matches = glob.glob(os.path.expanduser(text), recursive=True)
-        refs = [match for match in matches if os.path.isfile(match)]
-    if not refs:
-        raise ChunkNotFoundError(f"list_chunks: no file matches the pattern {text!r}")
-    return sorted(refs)
+        expanded = os.path.expanduser(text)
+        if has_recursive_part(expanded):
+            matches = recursive_glob(expanded)
+        else:
+            matches = [m for m in glob.glob(expanded, recursive=True) if os.path.isfile(m)]
+        files = {match: {} for match in matches}
+    if not files:
+        raise ChunkNotFoundError(
+            f"list_chunks: no file matches the pattern {text!r}{_why(text, storage_options)}"
+        )
+    return files
+
+
+def _why(pattern: str, storage_options: StorageOptions | None) -> str:
+    """Why `pattern` matches no file, where a cause other than no such name is found."""
+    bucket = missing_bucket(pattern, storage_options)
+    if bucket is not None:
+        return f": {bucket}"
+    if is_url(pattern):
+        fs, path = filesystem(pattern, storage_options)
+        try:
+            is_dir, exists = fs.isdir(path), glob.has_magic(path) and fs.exists(path)
+        except Exception:  # the store does not say: the error stands without a reason
+            return ""
+    else:
+        path = os.path.expanduser(pattern)
+        is_dir, exists = os.path.isdir(path), glob.has_magic(path) and os.path.isfile(path)
+    if is_dir:
+        base = pattern.rstrip("/")
+        return (
+            f": it is a directory: list its files with '{base}/*' (or '{base}/**/*' at any depth)"
+        )
+    if exists:
+        return (
+            ": a file has this very name, but it holds glob characters (*, ? or [ ]) and is "
+            f"read as a pattern; pass {glob.escape(pattern)!r} to name the file itself"
+        )
+    return ""

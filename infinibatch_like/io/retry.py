@@ -176,6 +176,8 @@ def call_with_retries(
 def named_error(error: BaseException, ref: str, doing: str) -> ChunkError:
     """The non-transient `error` as one of this package's errors, naming `ref`."""
     code = _error_code(error)
+    if "NoSuchBucket" in map(_error_code, _chain(error)):
+        return ChunkNotFoundError(f"{ref}: its bucket does not exist ({_describe(error)})")
     if isinstance(error, FileNotFoundError) or code in _NOT_FOUND_CODES:
         return ChunkNotFoundError(f"{ref}: no such file or object ({_describe(error)})")
     if isinstance(error, PermissionError) or code in _ACCESS_CODES:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._extras import MissingExtraError, missing_extra
+from ..records import OnError, SkipPolicy
 from .index import ChunkIndexError, read_index
 from .inspect_state import inspect_lines
 from .job import chunk_corpus
@@ -15,11 +18,19 @@ from .plan import COMPRESSIONS, DEFAULT_SPLIT_BYTES
 from .verify import verify_chunks
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an int >= `minimum`."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "int"  # argparse names the type in its error for a non-number
+    return parse
+
+
 
 
 def add_commands(commands: Any) -> None:
@@ -38,7 +49,7 @@ def add_commands(commands: Any) -> None:
         "--out", required=True, metavar="DIR_OR_URL", help="where the chunks and index.json go"
     )
     chunk.add_argument(
-        "--items-per-chunk", type=_positive, required=True, metavar="N",
+        "--items-per-chunk", type=at_least(1), required=True, metavar="N",
         help="the most lines (or files) per chunk; an input of n items becomes "
         "ceil(n / N) chunks whose sizes differ by one item at most",
     )  # fmt: skip
@@ -53,7 +64,7 @@ def add_commands(commands: Any) -> None:
         help="input format (default: from the suffix)",
     )
     chunk.add_argument(
-        "--workers", type=_positive, default=None, help="processes (default: every core)"
+        "--workers", type=at_least(1), default=None, help="processes (default: every core)"
     )
     chunk.add_argument(
         "--scheduler",
@@ -63,11 +74,28 @@ def add_commands(commands: Any) -> None:
     )
     chunk.add_argument(
         "--split-bytes",
-        type=_positive,
+        type=at_least(1),
         default=DEFAULT_SPLIT_BYTES,
         metavar="B",
         help="cut uncompressed local inputs larger than this into byte ranges done in "
         f"parallel (default {DEFAULT_SPLIT_BYTES})",
+    )
+    chunk.add_argument(
+        "--skip-bad-lines",
+        type=at_least(0),
+        default=None,
+        metavar="M",
+        help="leave out input lines that are not UTF-8 text (or, in JSON lines, not JSON), "
+        "at most M of them (in all, or in each --skip-window), and count them in the index "
+        "(default: stop at the first, naming it)",
+    )
+    chunk.add_argument(
+        "--skip-window",
+        type=at_least(1),
+        default=None,
+        metavar="N",
+        help="with --skip-bad-lines: at most M bad lines in each run of N lines of an input "
+        "(a SkipPolicy(max_skips=M, per_items=N))",
     )
     chunk.add_argument("--quiet", action="store_true", help="no progress bar")
     chunk.set_defaults(run=_chunk)
@@ -76,18 +104,56 @@ def add_commands(commands: Any) -> None:
         "verify",
         help="check every chunk against its index (exit code 1 on a problem, or without a "
         "readable index)",
+        description="Read back every chunk that index.json in DIR_OR_URL lists and compare "
+        "it with the index: existence, stored size, SHA-256 of the content and item count; "
+        "chunk files that the index does not list are reported too. Prints each problem. "
+        "Exit code 0: every chunk matches, 1: a problem or no readable index, 2: a bad "
+        "argument or a storage error.",
     )
-    verify.add_argument("location", metavar="DIR_OR_URL")
+    verify.add_argument(
+        "location", metavar="DIR_OR_URL", help="the directory or URL that holds index.json"
+    )
     verify.set_defaults(run=_verify)
 
     inspect = commands.add_parser(
-        "inspect", help="show a saved pipeline state (JSON or torch checkpoint)"
+        "inspect",
+        help="show a saved pipeline state (JSON or torch checkpoint)",
+        description="Show the pipeline state saved in CHECKPOINT (a JSON state or a torch "
+        "checkpoint holding one): a line per stage, with the fields that say where it is "
+        "(positions, counts, seeds). Exit code 2 for a file that holds no pipeline state.",
     )
-    inspect.add_argument("checkpoint", metavar="CHECKPOINT")
+    inspect.add_argument(
+        "checkpoint", metavar="CHECKPOINT", help="the checkpoint file (JSON or torch) to show"
+    )
     inspect.set_defaults(run=_inspect)
 
 
+def suggest_options(commands: Mapping[str, argparse.ArgumentParser], argv: list[str]) -> None:
+    """Exit with a usage error naming the closest option where `argv` gives its command
+    (one of `commands`) an option it does not have that is close to one it has (argparse
+    would only report the missing required option, or the unknown one without a hint)."""
+    command = next((argument for argument in argv if not argument.startswith("-")), None)
+    if command is None or command not in commands:
+        return
+    parser = commands[command]
+    known = [option for option in parser._option_string_actions if option.startswith("--")]
+    for argument in argv[argv.index(command) + 1 :]:
+        if argument == "--":
+            return
+        name = argument.split("=", 1)[0]
+        if not name.startswith("--") or any(option.startswith(name) for option in known):
+            continue  # a value, a known option, or an abbreviation argparse accepts
+        close = difflib.get_close_matches(name, known, n=1)
+        if close:
+            parser.error(f"unrecognized argument {name}: did you mean {close[0]}?")
+
+
 def _chunk(args: argparse.Namespace) -> int:
+    on_error: OnError = "raise"
+    if args.skip_bad_lines is not None:
+        on_error = SkipPolicy(args.skip_bad_lines, args.skip_window)
+    elif args.skip_window is not None:
+        raise ValueError("--skip-window needs --skip-bad-lines (the most bad lines per window)")
     client: Any = None
     if args.scheduler is not None:
         try:
@@ -106,11 +172,20 @@ def _chunk(args: argparse.Namespace) -> int:
             client=client,
             split_bytes=args.split_bytes,
             show_progress=False if args.quiet else None,
+            on_error=on_error,
         )
     finally:
         if client is not None:
             client.close()
-    print(f"{args.out}: {len(index.chunks)} chunks, {len(index):,} items, index.json written")
+    skipped = (
+        f", {index.skipped:,} bad lines skipped (first: {index.skip_examples[0]})"
+        if index.skipped
+        else ""
+    )
+    print(
+        f"{args.out}: {len(index.chunks)} chunks, {len(index):,} items{skipped}, "
+        "index.json written"
+    )
     return 0
 
 

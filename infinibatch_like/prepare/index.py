@@ -9,7 +9,6 @@ SHA-256 of its decompressed content.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,9 +16,11 @@ from typing import Any
 
 from .._base import require_int
 from ..balancing import balanced_shards
-from ..io import list_chunks, open_chunk
+from ..io._storage import missing_bucket
 from ..sources import ChunkedSourceIterator, InfinitePermutationSourceIterator, check_rank
-from ._refs import base_name, is_url, join_ref
+from ._files import file_names, load_json, read_bytes
+from ._refs import is_url, join_ref
+from .plan import COMPRESSIONS, KINDS
 
 INDEX_NAME = "index.json"
 FORMAT = "infinibatch_like.chunk_index"
@@ -63,6 +64,10 @@ class ChunkIndex:
     job: dict[str, Any]
     """The arguments of the job that wrote the chunks (see ``chunk --help``)."""
     chunks: tuple[ChunkEntry, ...]
+    skipped: int = 0
+    """How many bad input lines the job skipped (``chunk --skip-bad-lines``)."""
+    skip_examples: tuple[str, ...] = ()
+    """The first few of them, described (input, line number, what is wrong)."""
 
     def __len__(self) -> int:
         return sum(chunk.items for chunk in self.chunks)
@@ -198,6 +203,7 @@ class ChunkIndex:
             "job": self.job,
             "items": len(self),
             "chunks": [chunk.to_json() for chunk in self.chunks],
+            "skipped": {"lines": self.skipped, "first": list(self.skip_examples)},
         }
 
 
@@ -210,32 +216,33 @@ def _count_congruent(start: int, stop: int, residue: int, modulus: int) -> int:
     return upto(stop) - upto(start)
 
 
-def parse_index(location: str, text: str) -> ChunkIndex:
-    """The `ChunkIndex` in `text` (an index file's content) for chunks under `location`.
+def parse_index(location: str, data: bytes | str) -> ChunkIndex:
+    """The `ChunkIndex` in `data` (an index file's content) for chunks under `location`.
 
     Raises:
         ChunkIndexError: naming the index and what is wrong with it.
     """
     where = join_ref(location, INDEX_NAME)
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ChunkIndexError(f"chunk index {where} is not valid JSON: {error}") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        content = load_json(data, f"chunk index {where}")
+    except ValueError as error:
+        raise ChunkIndexError(str(error)) from None
+    if not isinstance(content, dict) or content.get("format") != FORMAT:
         raise ChunkIndexError(f"{where} is not a chunk index (no 'format': {FORMAT!r})")
-    if data.get("version") != VERSION:
+    if content.get("version") != VERSION:
         raise ChunkIndexError(
-            f"chunk index {where} has format version {data.get('version')!r}; this version "
+            f"chunk index {where} has format version {content.get('version')!r}; this version "
             f"of infinibatch_like reads version {VERSION}"
         )
     try:
-        chunks = tuple(_entry(raw) for raw in data["chunks"])
-        job, items = data["job"], data["items"]
-    except (KeyError, TypeError, ValueError) as error:
+        if not isinstance(content.get("chunks"), list):
+            raise ValueError("'chunks' is not a list")
+        chunks = tuple(entry_from_json(raw) for raw in content["chunks"])
+        job, items = _job(content.get("job")), content.get("items")
+        skipped, examples = _skipped(content.get("skipped", {"lines": 0, "first": []}))
+    except ValueError as error:
         raise ChunkIndexError(f"chunk index {where} is damaged: {error}") from None
-    if not isinstance(job, dict):
-        raise ChunkIndexError(f"chunk index {where} is damaged: 'job' is not an object")
-    index = ChunkIndex(location, job, chunks)
+    index = ChunkIndex(location, job, chunks, skipped, examples)
     if items != len(index):
         raise ChunkIndexError(
             f"chunk index {where} is damaged: it says {items} items, its chunks hold {len(index)}"
@@ -246,9 +253,58 @@ def parse_index(location: str, text: str) -> ChunkIndex:
     return index
 
 
-def _entry(raw: object) -> ChunkEntry:
+def _job(job: object) -> dict[str, Any]:
+    """`job` checked: the fields that `Job` writes, of their types (ValueError naming one)."""
+    if not isinstance(job, dict):
+        raise ValueError("'job' is not an object")
+    for field, valid, meaning in (
+        ("kind", lambda v: v in KINDS, f"one of {', '.join(map(repr, KINDS))}"),
+        ("items_per_chunk", _count, "an int >= 1"),
+        ("split_bytes", _count, "an int >= 1"),
+        ("compress", lambda v: v in COMPRESSIONS, f"one of {', '.join(map(repr, COMPRESSIONS))}"),
+        ("plan", lambda v: isinstance(v, str), "a string"),
+        (
+            "inputs",
+            lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v),
+            "a list of strings",
+        ),
+    ):
+        if field not in job:
+            raise ValueError(f"'job' has no {field!r}")
+        if not valid(job[field]):
+            raise ValueError(f"'job' has the {field!r} {job[field]!r} (not {meaning})")
+    on_error = job.get("on_error", "raise")  # absent from the indexes of earlier versions
+    if on_error != "raise" and not (
+        isinstance(on_error, dict)
+        and set(on_error) == {"max_skips", "per_items"}
+        and all(v is None or isinstance(v, int) for v in on_error.values())
+    ):
+        raise ValueError(f"'job' has the 'on_error' {on_error!r} (not 'raise' or a SkipPolicy's)")
+    return job
+
+
+def _skipped(raw: object) -> tuple[int, tuple[str, ...]]:
+    """The count and examples of an index's ``"skipped"`` (ValueError if malformed)."""
+    lines = raw.get("lines") if isinstance(raw, dict) else None
+    first = raw.get("first") if isinstance(raw, dict) else None
+    if isinstance(lines, bool) or not isinstance(lines, int) or lines < 0:
+        raise ValueError(f"'skipped' has the 'lines' {lines!r} (not an int >= 0)")
+    if not isinstance(first, list) or not all(isinstance(line, str) for line in first):
+        raise ValueError("'skipped' has no list of strings 'first'")
+    return lines, tuple(first)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def entry_from_json(raw: object) -> ChunkEntry:
+    """The `ChunkEntry` of an index (or piece manifest) entry; ValueError naming the field."""
     if not isinstance(raw, dict):
-        raise TypeError(f"chunk entry {raw!r} is not an object")
+        raise ValueError(f"the chunk entry {str(raw)[:80]!r} is not an object")
+    absent = [field for field in ("name", "items", "bytes", "sha256") if field not in raw]
+    if absent:
+        raise ValueError(f"the chunk entry {str(raw)[:80]!r} has no {absent[0]!r}")
     name, items, size, digest = raw["name"], raw["items"], raw["bytes"], raw["sha256"]
     if not (isinstance(name, str) and name and "/" not in name):
         raise ValueError(f"bad chunk name {name!r}")
@@ -283,7 +339,7 @@ def load_index(dir_or_url: str, *, storage_options: dict[str, Any] | None = None
     """
     index = read_index(dir_or_url, storage_options=storage_options)
     location, where = index.location, join_ref(index.location, INDEX_NAME)
-    present = [base_name(ref) for ref in chunk_files(location, storage_options)]
+    present = chunk_names(location, storage_options)
     missing, unlisted = missing_and_unlisted(index, present)
     if missing or unlisted:
         raise ChunkIndexError(
@@ -316,22 +372,21 @@ def read_index(dir_or_url: str, *, storage_options: dict[str, Any] | None = None
     location = dir_or_url.rstrip("/") or dir_or_url
     where = join_ref(location, INDEX_NAME)
     try:
-        with open_chunk(where, storage_options=storage_options) as stream:
-            text = stream.read().decode("utf-8")
+        data = read_bytes(where, storage_options)
     except FileNotFoundError:
+        bucket = missing_bucket(where, storage_options)
+        if bucket is not None:
+            raise ChunkIndexError(f"no chunk index at {where}: {bucket}") from None
         raise ChunkIndexError(
             f"no chunk index at {where}: write one with `python -m infinibatch_like chunk "
             "INPUT... --out DIR` (an unfinished job has none yet: run it again to finish it)"
         ) from None
-    return parse_index(location, text)
+    return parse_index(location, data)
 
 
-def chunk_files(location: str, storage_options: dict[str, Any] | None) -> list[str]:
-    """The refs of the chunk files (``chunk-*``) in `location`; none if it has none."""
-    try:
-        return list_chunks(join_ref(location, "chunk-*"), storage_options=storage_options)
-    except FileNotFoundError:
-        return []
+def chunk_names(location: str, storage_options: dict[str, Any] | None) -> list[str]:
+    """The names of the chunk files (``chunk-*``) in `location`; none if it has none."""
+    return [name for name in file_names(location, storage_options) if name.startswith("chunk-")]
 
 
 def _some(names: Sequence[str], most: int = 5) -> str:

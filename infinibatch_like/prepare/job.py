@@ -1,40 +1,58 @@
 """Running a chunking job: plan it, check the output directory, do the pieces not yet done
 on a process pool (or a Dask cluster), and write the index.
 
-Resuming: the job's identity (``job.json``) is written before any chunk, each finished
-piece leaves a manifest, and the index is written last. A re-run of the same job skips
-the pieces that have a manifest and the chunk files that exist (writes are atomic), so an
-interrupted job finishes without writing a chunk twice; a re-run after the index exists
-does nothing. An output directory that holds another job is refused.
+Resuming: the job's identity (``job.json``: its arguments, and the size and version of
+every input file, see `Source`) is written before any chunk, each finished piece leaves a
+manifest, and the index is written last. A re-run of the same job skips the pieces that
+have a manifest and the chunk files that exist (writes are atomic), so an interrupted job
+finishes without writing a chunk twice; a re-run after the index exists does nothing. Once
+the index is written, the manifests and the temporary files of killed writes are removed.
+An output directory that holds another job is refused, naming each argument and input
+that differs; one that another job is writing is refused too (see `_files` for the lock).
+The output's path is literal, and files inside it are never read as inputs.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
 from typing import Any
 
 from .._base import require_int
-from ..io import list_chunks, open_chunk, open_output
+from ..io.listing import find_files
 from ..progress import progress_bar
-from ._refs import base_name, is_url, join_ref
-from .index import INDEX_NAME, ChunkEntry, ChunkIndex, chunk_files, parse_index
+from ..records import OnError, resolve_on_error
+from ._files import clean_up, file_names, load_json, output_lock, read_bytes, write_json
+from ._refs import is_url, join_ref
+from .checks import EXAMPLES
+from .index import (
+    INDEX_NAME,
+    ChunkIndex,
+    ChunkIndexError,
+    chunk_names,
+    parse_index,
+)
 from .plan import (
     COMPRESSIONS,
     DEFAULT_SPLIT_BYTES,
     Job,
     Piece,
+    Source,
+    describe_changes,
+    directory_files,
     file_pieces,
     input_kind,
     line_pieces,
     piece_of,
     plan_digest,
+    source_of,
 )
-from .writer import PIECES_DIR, write_piece
+from .writer import PIECES_DIR, PieceDone, write_piece
 
 JOB_NAME = "job.json"
+_MANIFEST = re.compile(r"^piece-[0-9]{6}\.json$")
 _OWNER = "chunk"
 
 
@@ -50,6 +68,7 @@ def chunk_corpus(
     split_bytes: int = DEFAULT_SPLIT_BYTES,
     storage_options: dict[str, Any] | None = None,
     show_progress: bool | None = None,
+    on_error: OnError = "raise",
 ) -> ChunkIndex:
     """Cut `inputs` into chunk files of `items_per_chunk` items under `out`, with an index.
 
@@ -72,13 +91,19 @@ def chunk_corpus(
         split_bytes: the byte range size for large uncompressed local inputs.
         storage_options: passed to fsspec for URLs.
         show_progress: a progress bar on stderr; None: when stderr is a terminal.
+        on_error: what an input line that is not UTF-8 text (or, in JSON lines, not JSON)
+            does: ``"raise"`` (a ValueError naming it), or a `SkipPolicy`, under which it is
+            left out and counted (`ChunkIndex.skipped`), up to ``max_skips`` bad lines in
+            each window of ``per_items`` lines of a piece (``per_items=None``: in all).
 
     Returns:
         The index written (as `load_index` reads it).
 
     Raises:
         ValueError: for a bad argument, an input that matches nothing, an unsupported
-            suffix, mixed input kinds, or an `out` that holds another job's chunks.
+            suffix, mixed input kinds, a bad line beyond `on_error`, an `out` that holds
+            another job's chunks (naming each option and input that differs) or that
+            another job is writing, or a damaged job file in `out` (naming it).
     """
     require_int(_OWNER, "items_per_chunk", items_per_chunk, 1)
     require_int(_OWNER, "split_bytes", split_bytes, 1)
@@ -94,15 +119,40 @@ def chunk_corpus(
         )
     if isinstance(inputs, str) or not inputs:
         raise ValueError(f"{_OWNER}: inputs must be a non-empty list of paths, got {inputs!r}")
-    kind, pieces = _plan(list(inputs), input_format, items_per_chunk, split_bytes, storage_options)
-    job = Job(kind, tuple(inputs), items_per_chunk, compress, split_bytes, plan_digest(pieces))
-    finished = _check_output(job, out, storage_options)
+    policy = resolve_on_error(_OWNER, on_error)
+    skip: str | dict[str, int | None] = (
+        "raise"
+        if policy is None
+        else {"max_skips": policy.max_skips, "per_items": policy.per_items}
+    )
+    kind, pieces, sources = _plan(
+        list(inputs), out, input_format, items_per_chunk, split_bytes, storage_options
+    )
+    digest = plan_digest(pieces, sources)
+    job = Job(kind, tuple(inputs), items_per_chunk, compress, split_bytes, digest, skip)
+    with output_lock(out, _OWNER):
+        return _run_job(job, pieces, sources, out, workers, client, storage_options, show_progress)
+
+
+def _run_job(
+    job: Job,
+    pieces: list[Piece],
+    sources: list[Source],
+    out: str,
+    workers: int | None,
+    client: Any,
+    storage_options: dict[str, Any] | None,
+    show_progress: bool | None,
+) -> ChunkIndex:
+    """`chunk_corpus` once it holds the output: check it, do the pieces not done, write
+    the index."""
+    finished = _check_output(job, sources, out, storage_options)
     if finished is not None:
+        clean_up(out, PIECES_DIR, storage_options)
         return finished
     done = _read_manifests(out, storage_options)
     existing: dict[int, set[str]] = {}
-    for ref in chunk_files(out, storage_options):
-        name = base_name(ref)
+    for name in chunk_names(out, storage_options):
         existing.setdefault(piece_of(name), set()).add(name)
     sizes = [piece.size for piece in pieces]
     by_bytes = None not in sizes  # else the bar counts pieces
@@ -115,10 +165,10 @@ def chunk_corpus(
         disable=None if show_progress is None else not show_progress,
     ) as bar:
 
-        def finished_piece(piece: Piece, entries: list[ChunkEntry]) -> None:
+        def finished_piece(piece: Piece, result: PieceDone) -> None:
             nonlocal items
-            done[piece.number] = entries
-            items += sum(entry.items for entry in entries)
+            done[piece.number] = result
+            items += sum(entry.items for entry in result.entries)
             bar.update((piece.size or 0) if by_bytes else 1)
             bar.set_postfix_str(f"{items:,} items")
 
@@ -131,28 +181,43 @@ def chunk_corpus(
             if piece.number not in done
         ]
         _run_pieces(job, work, out, storage_options, workers, client, finished_piece)
-    chunks = tuple(entry for piece in pieces for entry in done[piece.number])
-    index = ChunkIndex(out, job.to_json(), chunks)
-    _write_json(join_ref(out, INDEX_NAME), index.to_json(), storage_options)
+    chunks = tuple(entry for piece in pieces for entry in done[piece.number].entries)
+    results = [done[piece.number] for piece in pieces]
+    skipped = sum(result.skipped for result in results)
+    examples = tuple(example for result in results for example in result.examples)[:EXAMPLES]
+    policy = job.skip_policy()
+    if policy is not None and policy.per_items is None and skipped > policy.max_skips:
+        raise ValueError(
+            f"{_OWNER}: {skipped} bad lines in all, more than the budget on_error={policy!r}; "
+            f"the first: {'; '.join(examples)}"
+        )
+    index = ChunkIndex(out, job.to_json(), chunks, skipped, examples)
+    write_json(join_ref(out, INDEX_NAME), index.to_json(), storage_options)
+    clean_up(out, PIECES_DIR, storage_options)
     return index
 
 
 def _plan(
     inputs: list[str],
+    out: str,
     input_format: str,
     items_per_chunk: int,
     split_bytes: int,
     storage_options: dict[str, Any] | None,
-) -> tuple[str, list[Piece]]:
-    """The job's kind and its pieces."""
+) -> tuple[str, list[Piece], list[Source]]:
+    """The job's kind, its pieces and its input files; files inside `out` are left out."""
     directories = [ref for ref in inputs if not is_url(ref) and os.path.isdir(ref)]
     if directories:
         if len(directories) != len(inputs) or len(directories) > 1:
             raise ValueError(
                 f"{_OWNER}: a directory input ({directories[0]!r}) must be the only input"
             )
-        return "files", file_pieces(directories[0], items_per_chunk)
-    refs: list[str] = []
+        directory = directories[0]
+        names = directory_files(directory, leave_out=None if is_url(out) else out)
+        sources = [source_of(os.path.join(directory, name), None) for name in names]
+        files = [(name, source.size) for name, source in zip(names, sources, strict=True)]
+        return "files", file_pieces(directory, files, items_per_chunk), sources
+    refs: dict[str, dict[str, Any]] = {}  # each with what its listing said
     for pattern in inputs:
         if (
             not is_url(pattern)
@@ -161,10 +226,15 @@ def _plan(
         ):
             raise ValueError(f"{_OWNER}: input {pattern!r} does not exist")
         try:
-            matched = list_chunks(pattern, storage_options=storage_options)
+            matched = find_files(pattern, storage_options=storage_options)
         except FileNotFoundError as error:
             raise ValueError(f"{_OWNER}: input {pattern!r} matches no file ({error})") from None
-        refs.extend(matched)
+        outside = {ref: info for ref, info in sorted(matched.items()) if not _inside(ref, out)}
+        if not outside:
+            raise ValueError(
+                f"{_OWNER}: input {pattern!r} matches only files of the output {out!r}"
+            )
+        refs.update(outside)
     kinds = {ref: input_kind(ref, input_format) for ref in refs}
     if len(set(kinds.values())) > 1:
         lines = next(ref for ref, kind in kinds.items() if kind == "lines")
@@ -173,49 +243,116 @@ def _plan(
             f"{_OWNER}: the inputs mix text lines ({lines!r}) and JSON lines ({jsonl!r}); "
             "chunk them as separate jobs"
         )
-    return next(iter(kinds.values())), line_pieces(refs, split_bytes)
+    sources = [source_of(ref, storage_options, info) for ref, info in refs.items()]
+    return next(iter(kinds.values())), line_pieces(sources, split_bytes), sources
 
 
-def _check_output(job: Job, out: str, storage_options: dict[str, Any] | None) -> ChunkIndex | None:
+def _inside(ref: str, out: str) -> bool:
+    """Whether the file `ref` lies in the output directory `out` (at any depth)."""
+    if is_url(ref) or is_url(out):
+        return ref.startswith(out.rstrip("/") + "/")
+    return os.path.realpath(ref).startswith(os.path.join(os.path.realpath(out), ""))
+
+
+def _check_output(
+    job: Job, sources: list[Source], out: str, storage_options: dict[str, Any] | None
+) -> ChunkIndex | None:
     """The index if `out` holds this job finished; None after recording the job in `out`
     if it holds nothing or this job unfinished; ValueError if it holds another job."""
-    present = {base_name(ref) for ref in _listed(join_ref(out, "*.json"), storage_options)}
+    names = set(file_names(out, storage_options))
     wanted = job.to_json()
-    for name in (INDEX_NAME, JOB_NAME):
-        if name not in present:
-            continue
-        text = _read_text(join_ref(out, name), storage_options)
-        recorded = parse_index(out, text).job if name == INDEX_NAME else json.loads(text)
-        if not isinstance(recorded, dict):
-            raise ValueError(f"{_OWNER}: {join_ref(out, name)} is damaged (not a JSON object)")
-        if recorded != wanted:
-            changed = sorted(key for key in wanted if recorded.get(key) != wanted[key])
-            details = "; ".join(
-                f"{key}: {recorded.get(key)!r} there, {wanted[key]!r} now" for key in changed
-            )
-            raise ValueError(
-                f"{_OWNER}: the output {out!r} holds the chunks of a different job ({details}); "
-                "choose another output directory, or delete this one to start over"
-            )
-        if name == INDEX_NAME:
-            return parse_index(out, text)
-    if JOB_NAME not in present:
-        _write_json(join_ref(out, JOB_NAME), wanted, storage_options)
+
+    def job_file() -> dict[str, Any] | None:
+        return _read_job_file(out, storage_options) if JOB_NAME in names else None
+
+    if INDEX_NAME in names:
+        data = read_bytes(join_ref(out, INDEX_NAME), storage_options)
+        try:
+            index = parse_index(out, data)
+        except ChunkIndexError as error:
+            raise ChunkIndexError(f"{_OWNER}: {error}") from None
+        _require_same_job(index.job, job_file, wanted, sources, out)
+        return index
+    recorded = job_file()
+    if recorded is not None:
+        _require_same_job(recorded, lambda: recorded, wanted, sources, out)
+    else:
+        record = {**wanted, "sources": [source.to_json() for source in sources]}
+        write_json(join_ref(out, JOB_NAME), record, storage_options)
     return None
 
 
-def _read_manifests(
-    out: str, storage_options: dict[str, Any] | None
-) -> dict[int, list[ChunkEntry]]:
-    """The entries of the pieces already done, by piece number."""
+def _read_job_file(out: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
+    where = join_ref(out, JOB_NAME)
+    try:
+        recorded = load_json(read_bytes(where, storage_options), "it")
+        if not isinstance(recorded, dict):
+            raise ValueError("it is not a JSON object")
+    except ValueError as error:
+        raise ValueError(
+            f"{_OWNER}: the job file {where} is damaged: {error}; delete the output "
+            "directory to start over"
+        ) from None
+    return recorded
+
+
+def _require_same_job(
+    recorded: dict[str, Any],
+    job_file: Callable[[], dict[str, Any] | None],
+    wanted: dict[str, Any],
+    sources: list[Source],
+    out: str,
+) -> None:
+    """ValueError naming each option and input that differs between the `recorded` job
+    (of the index or job file) and the `wanted` one; `job_file` gives the recorded inputs
+    (None if there is no job file), read only where the plans differ."""
+    changed = [key for key in wanted if recorded.get(key) != wanted[key]]
+    if not changed:
+        return
+    details = [
+        f"{key}: {recorded.get(key)!r} there, {wanted[key]!r} now"
+        for key in changed
+        if key != "plan"
+    ]
+    if "plan" in changed:
+        plan = f"plan: {recorded.get('plan')!r} there, {wanted['plan']!r} now"
+        details += _input_changes(job_file(), sources, out) or ([] if details else [plan])
+    raise ValueError(
+        f"{_OWNER}: the output {out!r} holds the chunks of a different job "
+        f"({'; '.join(details)}); choose another output directory, or delete this one to "
+        "start over"
+    )
+
+
+def _input_changes(job_file: dict[str, Any] | None, sources: list[Source], out: str) -> list[str]:
+    """The inputs that changed since the job file was written (none known without one)."""
+    if job_file is None or "sources" not in job_file:
+        return []
+    try:
+        return describe_changes(job_file["sources"], sources)
+    except ValueError as error:
+        raise ValueError(
+            f"{_OWNER}: the job file {join_ref(out, JOB_NAME)} is damaged: {error}; delete "
+            "the output directory to start over"
+        ) from None
+
+
+def _read_manifests(out: str, storage_options: dict[str, Any] | None) -> dict[int, PieceDone]:
+    """What the pieces already done wrote, by piece number."""
     done = {}
-    for ref in _listed(join_ref(out, f"{PIECES_DIR}/piece-*.json"), storage_options):
-        number = int(base_name(ref)[len("piece-") : -len(".json")])
-        raw = json.loads(_read_text(ref, storage_options))
-        done[number] = [
-            ChunkEntry(entry["name"], entry["items"], entry["bytes"], entry["sha256"])
-            for entry in raw
-        ]
+    pieces = join_ref(out, PIECES_DIR)
+    for name in file_names(pieces, storage_options):
+        if _MANIFEST.match(name) is None:
+            continue
+        ref = join_ref(pieces, name)
+        try:
+            result = PieceDone.from_json(load_json(read_bytes(ref, storage_options), "it"))
+        except ValueError as error:
+            raise ValueError(
+                f"{_OWNER}: the piece manifest {ref} is damaged: {error}; delete it and run "
+                "the job again to redo that piece"
+            ) from None
+        done[int(name[len("piece-") : -len(".json")])] = result
     return done
 
 
@@ -226,7 +363,7 @@ def _run_pieces(
     storage_options: dict[str, Any] | None,
     workers: int | None,
     client: Any,
-    finished: Callable[[Piece, list[ChunkEntry]], None],
+    finished: Callable[[Piece, PieceDone], None],
 ) -> None:
     """Do the pieces of `work`, calling `finished` as each completes (in any order)."""
     if client is None and (workers == 1 or len(work) <= 1):
@@ -238,7 +375,7 @@ def _run_pieces(
         if client is not None
         else ProcessPoolExecutor(min(workers or os.cpu_count() or 1, len(work)))
     )
-    futures: dict[Future[list[ChunkEntry]], Piece] = {
+    futures: dict[Future[PieceDone], Piece] = {
         executor.submit(write_piece, job, piece, out, existing, storage_options): piece
         for piece, existing in work
     }
@@ -249,22 +386,3 @@ def _run_pieces(
         for future in futures:
             future.cancel()
         executor.shutdown(wait=True)
-
-
-def _listed(pattern: str, storage_options: dict[str, Any] | None) -> list[str]:
-    """The refs matching `pattern`; none where nothing (or no directory) matches."""
-    try:
-        return list_chunks(pattern, storage_options=storage_options)
-    except FileNotFoundError:
-        return []
-
-
-def _read_text(ref: str, storage_options: dict[str, Any] | None) -> str:
-    with open_chunk(ref, storage_options=storage_options) as stream:
-        data: bytes = stream.read()
-    return data.decode("utf-8")
-
-
-def _write_json(ref: str, value: Any, storage_options: dict[str, Any] | None) -> None:
-    with open_output(ref, storage_options=storage_options) as output:
-        output.write(json.dumps(value, indent=1).encode("utf-8"))

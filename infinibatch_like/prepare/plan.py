@@ -21,9 +21,12 @@ import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 from ..io._compression import codec_for
+from ..io._storage import filesystem
+from ..io._walk import walk_files
+from ..records import SkipPolicy
 from ._refs import is_url
 
 COMPRESSIONS = {"gz": ".gz", "zst": ".zst", "none": ""}
@@ -54,6 +57,73 @@ class Piece:
 
 
 @dataclass(frozen=True)
+class Source:
+    """An input file as the job found it: a re-run must find it the same to continue.
+
+    The `version` is the file's modification time in nanoseconds for a local file (every
+    write through the operating system sets it, so an edit that keeps the size is seen
+    without reading the file again; only a deliberate reset of the time, ``touch -r``,
+    hides one), and for an object its ETag (or the store's equivalent), which changes with
+    the content.
+    """
+
+    name: str
+    size: int
+    version: str
+
+    def to_json(self) -> list[Any]:
+        return [self.name, self.size, self.version]
+
+
+def source_of(
+    ref: str, storage_options: dict[str, Any] | None, listed: dict[str, Any] | None = None
+) -> Source:
+    """The `Source` of input file `ref`: one ``stat``; for an object, what its listing
+    said (`listed`), else one request to the store."""
+    if not is_url(ref):
+        status = os.stat(ref)
+        return Source(ref, status.st_size, f"mtime_ns {status.st_mtime_ns}")
+    info = listed or {}
+    if info.get("size") is None or not any(info.get(k) is not None for k in _VERSION_KEYS):
+        fs, path = filesystem(ref, storage_options)
+        info = fs.info(path)
+    key = next((k for k in _VERSION_KEYS if info.get(k) is not None), None)
+    return Source(ref, int(info["size"]), "" if key is None else f"{key} {info[key]}")
+
+
+_VERSION_KEYS = ("ETag", "etag", "generation", "md5Hash", "LastModified", "mtime")
+
+
+def describe_changes(recorded: object, sources: list[Source]) -> list[str]:
+    """What differs between the sources `recorded` in a job file and `sources`: each input
+    changed, added or gone (at most 5 of each); ValueError if `recorded` is malformed."""
+    if not isinstance(recorded, list) or not all(
+        isinstance(item, list)
+        and len(item) == 3
+        and isinstance(item[0], str)
+        and isinstance(item[1], int)
+        and isinstance(item[2], str)
+        for item in recorded
+    ):
+        raise ValueError("its 'sources' is not a list of [name, bytes, version]")
+    before = {name: (size, version) for name, size, version in recorded}
+    now = {source.name: (source.size, source.version) for source in sources}
+    changed = [
+        f"the input {name!r} changed since the job started ({before[name][0]} bytes, "
+        f"{before[name][1]} there; {size} bytes, {version} now)"
+        for name, (size, version) in now.items()
+        if name in before and before[name] != (size, version)
+    ]
+    added = [f"the input {name!r} was added" for name in now if name not in before]
+    gone = [f"the input {name!r} is gone" for name in before if name not in now]
+    return [line for group in (changed, added, gone) for line in _first(group)]
+
+
+def _first(lines: list[str], most: int = 5) -> list[str]:
+    return lines[:most] + ([f"{len(lines) - most} more such"] if len(lines) > most else [])
+
+
+@dataclass(frozen=True)
 class Job:
     """What decides a job's output: a re-run must match it to continue."""
 
@@ -63,7 +133,11 @@ class Job:
     compress: str
     split_bytes: int
     plan: str
-    """SHA-256 of the pieces (input files, their sizes, byte ranges, directory files)."""
+    """SHA-256 of the pieces (input files, byte ranges, directory files) and of the
+    `Source` of every input file."""
+    on_error: str | dict[str, int | None] = "raise"
+    """What a bad input line does: ``"raise"``, or the fields of the `SkipPolicy` that
+    skips it (``{"max_skips": m, "per_items": n}``)."""
     chunk_sizes: str = "even"
     """How a piece's items are cut into chunks: ``"even"`` (see `chunk_sizes`). Recorded so
     that an output written with an earlier layout (full chunks and a short last one) is
@@ -73,6 +147,12 @@ class Job:
         data = asdict(self)
         data["inputs"] = list(self.inputs)
         return data
+
+    def skip_policy(self) -> SkipPolicy | None:
+        """The policy of `on_error` (None for ``"raise"``)."""
+        if not isinstance(self.on_error, dict):
+            return None
+        return SkipPolicy(cast(int, self.on_error["max_skips"]), self.on_error["per_items"])
 
     def chunk_name(self, piece: int, number: int) -> str:
         """The file name of chunk `number` of piece `piece`."""
@@ -128,13 +208,13 @@ def plain_local(ref: str) -> bool:
     return not is_url(ref) and not ref.endswith(INPUT_COMPRESSIONS)
 
 
-def line_pieces(refs: list[str], split_bytes: int) -> list[Piece]:
+def line_pieces(sources: list[Source], split_bytes: int) -> list[Piece]:
     """The pieces of line inputs: each file whole, or in byte ranges of `split_bytes` where
     it is an uncompressed local file larger than that."""
     pieces: list[Piece] = []
-    for ref in refs:
-        size = os.path.getsize(ref) if not is_url(ref) else None
-        if size is not None and plain_local(ref) and size > split_bytes:
+    for source in sources:
+        ref, size = source.name, source.size
+        if plain_local(ref) and size > split_bytes:
             for start in range(0, size, split_bytes):
                 end = min(size, start + split_bytes)
                 pieces.append(Piece(len(pieces), ref, start, end, size=end - start))
@@ -143,31 +223,35 @@ def line_pieces(refs: list[str], split_bytes: int) -> list[Piece]:
     return pieces
 
 
-def file_pieces(directory: str, items_per_chunk: int) -> list[Piece]:
-    """The pieces of a directory input: its files (recursively, sorted by relative path),
-    at most `items_per_chunk` to a piece, in pieces of `chunk_sizes`."""
-    names: list[str] = []
-    for root, dirs, files in os.walk(directory):
-        dirs.sort()
-        relative = os.path.relpath(root, directory)
-        for file in files:
-            path = file if relative == "." else os.path.join(relative, file)
-            names.append(path.replace(os.sep, "/"))
-    names.sort()
+def directory_files(directory: str, leave_out: str | None = None) -> list[str]:
+    """The files of a directory input, recursively, as sorted ``/``-separated paths relative
+    to it; linked directories are entered once (loops are not followed), and the directory
+    `leave_out` (the job's output, if it lies inside) is not entered."""
+    skipped = None if leave_out is None else os.path.realpath(leave_out)
+
+    def descend(parts: tuple[str, ...]) -> bool:
+        return skipped is None or os.path.realpath(os.path.join(directory, *parts)) != skipped
+
+    return sorted("/".join(parts) for parts in walk_files(directory, descend))
+
+
+def file_pieces(directory: str, files: list[tuple[str, int]], items_per_chunk: int) -> list[Piece]:
+    """The pieces of a directory input whose files are `files` (each a `directory_files`
+    path and its size), at most `items_per_chunk` to a piece, in pieces of `chunk_sizes`."""
     pieces: list[Piece] = []
     start = 0
-    for count in chunk_sizes(len(names), items_per_chunk):
-        group = tuple(names[start : start + count])
+    for count in chunk_sizes(len(files), items_per_chunk):
+        group = files[start : start + count]
         start += count
-        size = sum(os.path.getsize(os.path.join(directory, name)) for name in group)
-        pieces.append(Piece(len(pieces), directory, names=group, size=size))
+        names = tuple(name for name, _ in group)
+        pieces.append(Piece(len(pieces), directory, names=names, size=sum(s for _, s in group)))
     return pieces
 
 
-def plan_digest(pieces: list[Piece]) -> str:
-    """A SHA-256 of the pieces: equal plans give equal digests on every machine."""
+def plan_digest(pieces: list[Piece], sources: list[Source]) -> str:
+    """A SHA-256 of the pieces and sources: equal plans give equal digests on every machine."""
     digest = hashlib.sha256()
-    for piece in pieces:
-        digest.update(json.dumps(asdict(piece), sort_keys=True).encode("utf-8"))
+    for item in [*map(asdict, pieces), *(source.to_json() for source in sources)]:
+        digest.update(json.dumps(item, sort_keys=True).encode("utf-8"))
         digest.update(b"\n")
     return digest.hexdigest()

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..io import open_chunk, read_jsonl, read_lines, read_records
-from ._refs import base_name, join_ref, stored_size
-from .index import INDEX_NAME, ChunkEntry, ChunkIndex, chunk_files, missing_and_unlisted
+from ._refs import join_ref, stored_size
+from .index import INDEX_NAME, ChunkEntry, ChunkIndex, chunk_names, missing_and_unlisted
 
 READERS: dict[str, Callable[..., Iterable[Any]]] = {
     "lines": read_lines,
@@ -37,7 +37,7 @@ def verify_chunks(
     """Check every chunk of `index` (existence, stored size, SHA-256 of the content, item
     count read with the kind's reader); yield each chunk with its problems (none if it is
     sound), then ``(None, problems)`` for chunk files that the index does not list."""
-    present = [base_name(ref) for ref in chunk_files(index.location, storage_options)]
+    present = chunk_names(index.location, storage_options)
     missing, unlisted = missing_and_unlisted(index, present)
     absent = set(missing)
     for chunk in index.chunks:

@@ -17,11 +17,13 @@ import io
 import json
 from collections.abc import Iterable, Iterator, Set
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import IO, Any
 
 from ..io import Record, open_chunk, open_output, write_records
 from ._refs import join_ref, stored_size
-from .index import ChunkEntry
+from .checks import BadLines, json_blocks, text_blocks
+from .index import ChunkEntry, entry_from_json
 from .plan import Job, Piece, chunk_sizes
 
 PIECES_DIR = "_pieces"
@@ -33,22 +35,53 @@ def manifest_name(piece: int) -> str:
     return f"{PIECES_DIR}/piece-{piece:06d}.json"
 
 
+@dataclass(frozen=True)
+class PieceDone:
+    """What a piece wrote: its chunks' index entries, and the bad lines it skipped (their
+    number and the first few described)."""
+
+    entries: list[ChunkEntry]
+    skipped: int = 0
+    examples: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, raw: object) -> PieceDone:
+        """The `PieceDone` of a manifest; ValueError naming what is wrong."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("chunks"), list):
+            raise ValueError("it is not an object with a list of 'chunks'")
+        skipped, examples = raw.get("skipped"), raw.get("examples")
+        if isinstance(skipped, bool) or not isinstance(skipped, int) or skipped < 0:
+            raise ValueError(f"its 'skipped' is {skipped!r}, not an int >= 0")
+        if not isinstance(examples, list) or not all(isinstance(e, str) for e in examples):
+            raise ValueError("its 'examples' is not a list of strings")
+        return cls([entry_from_json(entry) for entry in raw["chunks"]], skipped, tuple(examples))
+
+    def to_json(self) -> dict[str, Any]:
+        """The piece's manifest."""
+        return {
+            "chunks": [entry.to_json() for entry in self.entries],
+            "skipped": self.skipped,
+            "examples": list(self.examples),
+        }
+
+
 def write_piece(
     job: Job,
     piece: Piece,
     out: str,
     existing: Set[str],
     storage_options: dict[str, Any] | None,
-) -> list[ChunkEntry]:
+) -> PieceDone:
     """Write the chunks of `piece` under `out` (those named in `existing` are already
-    there) and its manifest; return the chunks' index entries.
+    there) and its manifest; return what it wrote.
 
     Raises:
-        ValueError: for a JSON-lines input with a line that is not JSON, naming the input
-            and the line number.
+        ValueError: for a line that is not UTF-8 text (or, in JSON lines, not JSON), naming
+            the input and the line number, unless the job's policy skips it (see `checks`).
     """
     entries = []
-    for number, payload, items in _chunk_payloads(job, piece, storage_options):
+    bad = BadLines(job.skip_policy(), _where(piece))
+    for number, payload, items in _chunk_payloads(job, piece, bad, storage_options):
         name = job.chunk_name(piece.number, number)
         ref = join_ref(out, name)
         if name not in existing:
@@ -56,15 +89,15 @@ def write_piece(
                 output.write(payload)
         size = stored_size(ref, storage_options=storage_options)
         entries.append(ChunkEntry(name, items, size, hashlib.sha256(payload).hexdigest()))
-    manifest = json.dumps([entry.to_json() for entry in entries]).encode("utf-8")
+    done = PieceDone(entries, bad.count, tuple(bad.examples))
     manifest_ref = join_ref(out, manifest_name(piece.number))
     with open_output(manifest_ref, storage_options=storage_options) as output:
-        output.write(manifest)
-    return entries
+        output.write(json.dumps(done.to_json()).encode("utf-8"))
+    return done
 
 
 def _chunk_payloads(
-    job: Job, piece: Piece, storage_options: dict[str, Any] | None
+    job: Job, piece: Piece, bad: BadLines, storage_options: dict[str, Any] | None
 ) -> Iterator[tuple[int, bytes, int]]:
     """(chunk number, decompressed content, item count) for each chunk of `piece`: a
     first read counts its items, a second cuts them into chunks of `chunk_sizes`."""
@@ -74,44 +107,33 @@ def _chunk_payloads(
         write_records(buffer, records)
         yield 0, buffer.getvalue(), len(records)
         return
-    with _items(job, piece, storage_options, check=False) as blocks:
-        items = sum(len(block) for block in blocks)
-    sizes = chunk_sizes(items, job.items_per_chunk)
-    with _items(job, piece, storage_options, check=True) as blocks:
-        for number, (first_line, lines) in enumerate(_cut(blocks, sizes, piece)):
-            payload = b"\n".join(lines) + b"\n"
-            if job.kind == "lines":
-                _check_text(piece, first_line, payload)
-            yield number, payload, len(lines)
-
-
-@contextmanager
-def _items(
-    job: Job, piece: Piece, storage_options: dict[str, Any] | None, *, check: bool
-) -> Iterator[Iterator[list[bytes]]]:
-    """The items of `piece`, a block at a time: its lines, or for JSON lines its lines
-    that hold a value (each parsed if `check`)."""
     with _line_blocks(piece, storage_options) as blocks:
-        yield _json_blocks(piece, blocks, check) if job.kind == "jsonl" else blocks
+        counting = BadLines(bad.policy, bad.where)
+        items = sum(len(block) for block in _checked(job, blocks, counting))
+    sizes = chunk_sizes(items, job.items_per_chunk)
+    with _line_blocks(piece, storage_options) as blocks:
+        for number, lines in enumerate(_cut(_checked(job, blocks, bad), sizes, piece)):
+            yield number, b"\n".join(lines) + b"\n", len(lines)
 
 
-def _cut(
-    blocks: Iterable[list[bytes]], sizes: list[int], piece: Piece
-) -> Iterator[tuple[int, list[bytes]]]:
-    """Runs of `sizes` lines from blocks of lines, with the number (from 1) of each run's
-    first line; ValueError if the blocks hold more or fewer lines than `sizes` add up to
-    (the input changed since its items were counted)."""
+def _checked(job: Job, blocks: Iterable[list[bytes]], bad: BadLines) -> Iterator[list[bytes]]:
+    """The items of a piece, a block at a time: its UTF-8 lines, or for JSON lines its lines
+    that hold a JSON value; bad lines raised or skipped by `bad`."""
+    return json_blocks(blocks, bad) if job.kind == "jsonl" else text_blocks(blocks, bad)
+
+
+def _cut(blocks: Iterable[list[bytes]], sizes: list[int], piece: Piece) -> Iterator[list[bytes]]:
+    """Runs of `sizes` lines from blocks of lines; ValueError if the blocks hold more or
+    fewer lines than `sizes` add up to (the input changed since its items were counted)."""
     runs = iter(sizes)
     size = next(runs, None)
     pending: list[bytes] = []
-    first = 1
     for block in blocks:
         pending.extend(block)
         start = 0
         while size is not None and len(pending) - start >= size:
-            yield first, pending[start : start + size]
+            yield pending[start : start + size]
             start += size
-            first += size
             size = next(runs, None)
         del pending[:start]
         if size is None and pending:
@@ -130,41 +152,6 @@ def _record(directory: str, name: str) -> Record:
 
 def _where(piece: Piece) -> str:
     return piece.source if piece.end is None else f"{piece.source} (from byte {piece.start})"
-
-
-def _check_text(piece: Piece, first_line: int, payload: bytes) -> None:
-    """Raise ValueError naming the line if `payload` is not UTF-8 (as ``read_lines`` reads)."""
-    try:
-        payload.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = first_line + payload.count(b"\n", 0, error.start)
-        column = error.start - payload.rfind(b"\n", 0, error.start) - 1
-        raise ValueError(
-            f"chunk: line {line} of {_where(piece)} is not UTF-8 text ({error.reason} at "
-            f"byte {column} of the line)"
-        ) from None
-
-
-def _json_blocks(
-    piece: Piece, blocks: Iterable[list[bytes]], check: bool
-) -> Iterator[list[bytes]]:
-    """The lines that hold a JSON value (each parsed if `check`; UTF-8 decoded always);
-    blank lines left out (as ``read_jsonl`` skips them)."""
-    number = 0
-    for block in blocks:
-        kept = []
-        for number, line in enumerate(block, number + 1):  # noqa: B020 - runs on
-            try:
-                text = line.decode("utf-8")
-                if text and not text.isspace():
-                    if check:
-                        json.loads(text)
-                    kept.append(line)
-            except ValueError as error:  # UnicodeDecodeError too
-                raise ValueError(
-                    f"chunk: line {number} of {_where(piece)} is not JSON ({error}): {line[:80]!r}"
-                ) from None
-        yield kept
 
 
 @contextmanager
