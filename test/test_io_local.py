@@ -115,6 +115,63 @@ def test_read_lines_equals_reference_split(text: str, block: int, tmp_path_facto
         assert list(read_lines(path)) == expected
 
 
+def expected_lines(data: bytes, limit: int | None) -> list[str | tuple[int, str]]:
+    """What `read_lines` gives for `data`, line by line: a str, or (line number, what is
+    wrong) for a bad line: the first bad byte (as an offset) or a line longer than `limit`."""
+    out: list[str | tuple[int, str]] = []
+    parts = data.split(b"\n")
+    start = 0
+    for number, part in enumerate(parts, 1):
+        ended = number < len(parts)
+        if not ended and not part:
+            break
+        content = part[:-1] if ended and part.endswith(b"\r") else part
+        try:
+            line = content.decode()
+        except UnicodeDecodeError as error:
+            good = len(content[: error.start].decode())
+            bad = "too long" if limit is not None and good > limit else f"byte {start + error.start}"
+            out.append((number, bad))
+        else:
+            out.append(line if limit is None or len(line) <= limit else (number, "too long"))
+        start += len(part) + 1
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    pieces=st.lists(st.sampled_from(
+        [b"a", b"\xc3\xa9", b"\n", b"\r", b"\r\n", b"\xff", b"\xe2\x82", "\u20ac".encode()]
+    ), max_size=40),
+    block=st.integers(1, 9),
+    limit=st.one_of(st.none(), st.integers(1, 6)),
+)
+def test_read_lines_with_bad_lines_equals_a_line_by_line_reference(
+    pieces: list[bytes], block: int, limit: int | None, tmp_path_factory
+) -> None:
+    """Bad bytes and long lines anywhere, blocks cut anywhere: each bad line is reported at
+    its first bad byte or as too long, in its place, and every other line is delivered."""
+    import re
+
+    data = b"".join(pieces)
+    path = write(tmp_path_factory.mktemp("bad") / "c.txt", data)
+    got: list[str | tuple[int, str]] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(readers, "BLOCK_SIZE", block)
+        lines = read_lines(path, max_line_length=limit)
+        while True:
+            try:
+                got.append(next(lines))
+            except StopIteration:
+                break
+            except ChunkFormatError as error:
+                found = re.search(r"line (\d+): (?:not valid utf-8 text at (byte \d+)|longer)",
+                                  str(error))
+                assert found, error
+                got.append((int(found[1]), found[2] or "too long"))
+    assert got == expected_lines(data, limit)
+
+
 def test_read_lines_other_encoding_and_errors(tmp_path: Path) -> None:
     path = write(tmp_path / "c.txt", "zwölf\nélan\n".encode("utf-16"))
     assert list(read_lines(path, encoding="utf-16")) == ["zwölf", "élan"]
