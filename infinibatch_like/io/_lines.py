@@ -81,6 +81,7 @@ class LineSplitter:
                 whole, start = buffered + data, self._offset - len(buffered)
                 self._decoder.setstate((b"", flag))
                 yield from self._split(self._decoder.decode(whole[: error.start]))
+                yield from self._keep_cr()  # not followed by "\n": part of the line
                 yield from self._fail(
                     f"not valid {self._encoding} text at byte {start + error.start} of its "
                     f"decompressed data ({error.reason})",
@@ -154,11 +155,15 @@ class LineSplitter:
             yield bad_line(self._ref, self._line, what, cause, hint)
         self._pieces, self._length, self._cr, self._dropping = [], 0, False, True
 
-    def _finish(self) -> Iterator[Block]:
-        """The last line, if the chunk does not end with a line ending."""
+    def _keep_cr(self) -> Iterator[Block]:
+        """Add the "\r" held back, if any, to the line under way."""
         if self._cr:
             self._cr = False
             yield from self._grow("\r")
+
+    def _finish(self) -> Iterator[Block]:
+        """The last line, if the chunk does not end with a line ending."""
+        yield from self._keep_cr()
         if self._pieces and not self._dropping:
             yield ["".join(self._pieces)]
 
