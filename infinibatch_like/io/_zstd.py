@@ -1,10 +1,11 @@
 """Reading zstd (with zstandard): bounded memory per read, and truncation detected.
 
 zstandard's stream reader decompresses at most the bytes asked for per read, so a chunk of
-a few KB that expands to gigabytes costs no more memory than any other; it ends silently
-where the data stops inside a frame, so `_Frames` follows the frames' structure (headers
-and block sizes, never the compressed data) as the reader pulls the bytes, and tells
-whether the data stopped between frames.
+a few KB that expands to gigabytes is read in bounded memory (the frame's window, at most
+zstandard's default limit of 128 MiB, plus the pieces asked for). It ends silently where
+the data stops inside a frame, so `_Frames` follows the frames' structure (headers and
+block sizes, never the compressed data) as the reader pulls the bytes, and tells whether
+the data stopped between frames.
 """
 
 from __future__ import annotations
