@@ -56,7 +56,7 @@ class LineSplitter:
     Lines end with ``"\\n"`` or ``"\\r\\n"`` (both removed). The text of a line that goes
     on past a block waits as pieces, which are joined once, when its end comes, so a line
     of n blocks costs O(n) and memory up to `limit` characters: a longer line is a bad line
-    as soon as it passes the limit, and the rest of it is dropped unread into memory.
+    as soon as it passes the limit, and the rest of it is dropped as it is read, never held.
     """
 
     def __init__(self, ref: str, encoding: str, errors: str, limit: int | None) -> None:
@@ -96,6 +96,7 @@ class LineSplitter:
             return
 
     def _split(self, text: str) -> Iterator[Block]:
+        """The lines that decoded `text` completes; the rest waits for the next text."""
         if self._cr:
             text, self._cr = "\r" + text, False
         if text.endswith("\r"):  # perhaps a "\r\n" cut by the block's end
@@ -156,7 +157,7 @@ class LineSplitter:
         self._pieces, self._length, self._cr, self._dropping = [], 0, False, True
 
     def _keep_cr(self) -> Iterator[Block]:
-        """Add the "\r" held back, if any, to the line under way."""
+        """Add the ``"\\r"`` held back, if any, to the line under way."""
         if self._cr:
             self._cr = False
             yield from self._grow("\r")

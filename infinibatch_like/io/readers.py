@@ -177,9 +177,8 @@ def _parsed_one_by_one(
             if values:
                 yield values
                 values = []
-            what = "JSON nested too deeply to parse" if isinstance(error, RecursionError) else (
-                "not valid JSON"
-            )
+            nested = isinstance(error, RecursionError)
+            what = "JSON nested too deeply to parse" if nested else "not valid JSON"
             yield bad_line(ref, number, f"{what} ({error}): {short_repr(line)}", error)
     if values:
         yield values
