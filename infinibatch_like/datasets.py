@@ -71,10 +71,11 @@ def chunked_dataset_iterator(
     sits before the windowed shuffle instead, whose state holds its whole buffer (too
     much to snapshot every 100 items). The items are the same either way.
 
-    With ``on_error=SkipPolicy(...)`` (see `infinibatch_like.records`), the chunk reader
-    skips records (and chunks) whose reading raises, and the `MapIterator` of `transform`
-    the items it raises on, each stage within its own budget and with its own ledger
-    (`infinibatch_like.records.skip_ledgers`). ``"raise"`` (default) changes nothing.
+    With ``on_error="skip"`` or ``on_error=SkipPolicy(...)`` (see
+    `infinibatch_like.records`), the chunk reader skips records (and chunks) whose reading
+    raises, and the `MapIterator` of `transform` the items it raises on, each stage within
+    its own budget and with its own ledger (`infinibatch_like.records.skip_ledgers`).
+    ``"raise"`` (default) changes nothing.
 
     Raises:
         TypeError, ValueError: for a bad argument, naming it (e.g. an empty `chunk_refs` in

@@ -183,12 +183,13 @@ class SelectManyIterator(BudgetedStage[Any]):
             ``"chunked_dataset_iterator's read_chunk_fn"``).
         on_empty: called with the source item whenever its collection is empty (e.g. to
             refuse a corpus whose chunks are all empty); may raise.
-        on_error: ``"raise"`` (default), or a `SkipPolicy`: a record whose reading raises
-            an Exception is skipped and reading goes on with the next record if the
-            collection's iterator goes on after an error (a generator does not: its
-            chunk ends there, the rest of it unread). A chunk whose selector raises, or
-            whose first record fails with nothing after it, is skipped whole (a
-            ``"chunk"`` entry). Each costs one item of the budget; see `skipped`.
+        on_error: ``"raise"`` (default), ``"skip"`` (`DEFAULT_SKIP_POLICY`) or a
+            `SkipPolicy`: a record whose reading raises an Exception is skipped and
+            reading goes on with the next record if the collection's iterator goes on
+            after an error (the library's readers do; a generator does not: its chunk
+            ends there, the rest of it unread). A chunk whose selector raises, or whose
+            first record fails with nothing after it, is skipped whole (a ``"chunk"``
+            entry). Each costs one item of the budget; see `skipped`.
 
     Raises:
         Exception: whatever the selector, or iterating its collection, raises, when the

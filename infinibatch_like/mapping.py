@@ -41,10 +41,11 @@ class MapIterator(BudgetedStage[U]):
     Args:
         source_iterator: the source.
         transform: the function to apply.
-        on_error: ``"raise"`` (default), or a `SkipPolicy`: an item whose transform
-            raises an Exception is skipped and entered in the ledger (`skipped`), within
-            the policy's budget. This runs the map as a Python generator (a little slower
-            per item than the builtin ``map`` of ``"raise"``).
+        on_error: ``"raise"`` (default), ``"skip"`` (`DEFAULT_SKIP_POLICY`) or a
+            `SkipPolicy`: an item whose transform raises an Exception is skipped and
+            entered in the ledger (`skipped`), within the policy's budget. This runs the
+            map as a Python generator (a little slower per item than the builtin ``map``
+            of ``"raise"``).
 
     Raises:
         Exception: whatever `transform` raises, with a note naming this stage, the

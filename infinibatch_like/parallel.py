@@ -222,9 +222,10 @@ class ParallelMapIterator(BudgetedStage[Any], BackgroundStage[Any]):
             parallel; items and results are pickled) or ``"thread"`` (worker threads of
             this process: for transforms that release the GIL, such as decompression,
             image decoding, numpy or remote reads; nothing is pickled).
-        on_error: ``"raise"`` (default), or a `SkipPolicy`: an item whose transform
-            raises an Exception (in a worker process or thread) is skipped and entered in
-            the ledger (`skipped`), within the policy's budget.
+        on_error: ``"raise"`` (default), ``"skip"`` (`DEFAULT_SKIP_POLICY`) or a
+            `SkipPolicy`: an item whose transform raises an Exception (in a worker process
+            or thread) is skipped and entered in the ledger (`skipped`), within the
+            policy's budget.
 
     Raises:
         ValueError: for an argument out of range, an unknown mode or start method.

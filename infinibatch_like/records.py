@@ -3,10 +3,11 @@
 ``on_error="raise"`` (the default of every stage) lets an error stop the pipeline.
 ``on_error=SkipPolicy(max_skips=m, per_items=n)`` skips the failing record instead, as long
 as at most `m` of every window of `n` consecutive items fail, and keeps a ledger of what was
-skipped. Skipping is deterministic: it depends only on the data, and the budget window and
-the ledger are part of the checkpoint, so a restored pipeline skips exactly the same
-records. Stages that take `on_error`: `MapIterator`, `ParallelMapIterator`,
-`SelectManyIterator` and `chunked_dataset_iterator`.
+skipped; ``on_error="skip"`` is `DEFAULT_SKIP_POLICY` (at most 10 in every 10,000).
+Skipping is deterministic: it depends only on the data, and the budget window and the
+ledger are part of the checkpoint, so a restored pipeline skips exactly the same records.
+Stages that take `on_error`: `MapIterator`, `ParallelMapIterator`, `SelectManyIterator`
+and `chunked_dataset_iterator`.
 """
 
 from __future__ import annotations
@@ -66,19 +67,27 @@ class SkipPolicy:
         return self.max_skips + 1 if self.per_items is None else 2 * self.max_skips + 1
 
 
-OnError = Literal["raise"] | SkipPolicy
+DEFAULT_SKIP_POLICY = SkipPolicy(max_skips=10, per_items=10_000)
+"""What ``on_error="skip"`` means: at most 10 bad records in every 10,000 items (0.1 %).
+The rare bad records of a real corpus are skipped, while a systematic failure (a wrong
+reader, a broken transform, a corpus in another format) stops the run after at most 21
+failures in a row, rather than skipping everything."""
+
+OnError = Literal["raise", "skip"] | SkipPolicy
 """What a stage does when reading or transforming a record raises."""
 
 
 def resolve_on_error(owner: str, on_error: object) -> SkipPolicy | None:
     """The policy of `on_error` (None for ``"raise"``), or TypeError naming `owner`."""
-    if on_error == "raise":
-        return None
     if isinstance(on_error, SkipPolicy):
         return on_error
+    if on_error == "raise":
+        return None
+    if on_error == "skip":
+        return DEFAULT_SKIP_POLICY
     raise TypeError(
-        f"{owner}: on_error must be 'raise' or a SkipPolicy (e.g. "
-        f"SkipPolicy(max_skips=10, per_items=10_000)), got {on_error!r}"
+        f"{owner}: on_error must be 'raise', 'skip' (that is {DEFAULT_SKIP_POLICY!r}) or a "
+        f"SkipPolicy, got {on_error!r}"
     )
 
 

@@ -1,5 +1,6 @@
-"""infinibatch_like.io on local files and memory:// URLs: listing, readers, compression,
-record files, atomic output, errors naming the chunk, missing extras."""
+"""infinibatch_like.io on local files and memory:// URLs: listing, readers (bad and long lines,
+decompression bombs), compression, record files, atomic output, errors naming the chunk,
+missing extras."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import gzip
 import json
 import os
 import pickle
+import random
 import re
+import subprocess
 import sys
 import threading
+import time
 import zlib
 from itertools import islice
 from pathlib import Path
@@ -37,6 +41,7 @@ from infinibatch_like.io import (
     readers,
     write_records,
 )
+from infinibatch_like.records import SkipPolicy, skip_ledgers
 
 SUFFIXES = ["", ".gz", ".zst", ".bz2", ".xz"]
 
@@ -118,11 +123,72 @@ def test_read_lines_equals_reference_split(text: str, block: int, tmp_path_facto
         assert list(read_lines(path)) == expected
 
 
+def expected_lines(data: bytes, limit: int | None) -> list[str | tuple[int, str]]:
+    """What `read_lines` gives for `data`, line by line: a str, or (line number, what is
+    wrong) for a bad line: the first bad byte (as an offset) or a line longer than `limit`."""
+    out: list[str | tuple[int, str]] = []
+    parts = data.split(b"\n")
+    start = 0
+    for number, part in enumerate(parts, 1):
+        ended = number < len(parts)
+        if not ended and not part:
+            break
+        content = part[:-1] if ended and part.endswith(b"\r") else part
+        try:
+            line = content.decode()
+        except UnicodeDecodeError as error:
+            good = len(content[: error.start].decode())
+            too_long = limit is not None and good > limit
+            out.append((number, "too long" if too_long else f"byte {start + error.start}"))
+        else:
+            out.append(line if limit is None or len(line) <= limit else (number, "too long"))
+        start += len(part) + 1
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    pieces=st.lists(st.sampled_from(
+        [b"a", b"\xc3\xa9", b"\n", b"\r", b"\r\n", b"\xff", b"\xe2\x82", "\u20ac".encode()]
+    ), max_size=40),
+    block=st.integers(1, 9),
+    limit=st.one_of(st.none(), st.integers(1, 6)),
+)
+def test_read_lines_with_bad_lines_equals_a_line_by_line_reference(
+    pieces: list[bytes], block: int, limit: int | None, tmp_path_factory
+) -> None:
+    """Bad bytes and long lines anywhere, blocks cut anywhere: each bad line is reported at
+    its first bad byte or as too long, in its place, and every other line is delivered."""
+    data = b"".join(pieces)
+    path = write(tmp_path_factory.mktemp("bad") / "c.txt", data)
+    got: list[str | ChunkFormatError] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(readers, "BLOCK_SIZE", block)
+        lines = read_lines(path, max_line_length=limit)
+        while True:
+            try:
+                got.append(next(lines))
+            except StopIteration:
+                break
+            except ChunkFormatError as error:
+                got.append(error)
+
+    def described(item: str | ChunkFormatError) -> str | tuple[int, str]:
+        if isinstance(item, str):
+            return item
+        found = re.search(r"line (\d+): (?:not valid utf-8 text at (byte \d+)|longer)", str(item))
+        assert found, item
+        return int(found[1]), found[2] or "too long"
+
+    assert [described(item) for item in got] == expected_lines(data, limit)
+
+
 def test_read_lines_other_encoding_and_errors(tmp_path: Path) -> None:
     path = write(tmp_path / "c.txt", "zwölf\nélan\n".encode("utf-16"))
     assert list(read_lines(path, encoding="utf-16")) == ["zwölf", "élan"]
     bad = write(tmp_path / "bad.txt.gz", b"good\nbad \xff here\n")
-    with pytest.raises(ChunkFormatError, match=r"bad\.txt\.gz: not valid utf-8 text at byte 9"):
+    with pytest.raises(ChunkFormatError,
+                       match=r"bad\.txt\.gz, line 2: not valid utf-8 text at byte 9"):
         list(read_lines(bad))
     assert list(read_lines(bad, errors="replace")) == ["good", "bad \ufffd here"]
     with pytest.raises(LookupError, match="no-such-codec"):
@@ -458,3 +524,226 @@ def test_open_output_leaves_no_temporary_file_on_a_full_disk(tmp_path: Path) -> 
     assert result.stdout.split("\n") == ["OSError 27 True"] * len(targets) + [""]
     assert os.listdir(out) == []
     assert os.listdir(staging) == []
+
+
+BOMB_READER = """
+import resource, sys
+from itertools import islice
+from infinibatch_like.io import read_lines
+
+def peak() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+lines = read_lines(sys.argv[1])
+before = peak()
+assert list(islice(lines, 1000)) == ["0" * 63] * 1000
+print(peak() - before)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss is in KiB on Linux only")
+@pytest.mark.parametrize("suffix", [".zst", ".gz"])
+def test_decompression_bomb_is_read_in_bounded_memory(tmp_path: Path, suffix: str) -> None:
+    """256 MiB of lines in a chunk of 25 KB (.zst) or 1.7 MB (.gz): reading the first lines
+    costs a few MB, not the whole expansion."""
+    path = tmp_path / f"bomb.txt{suffix}"
+    piece = (b"0" * 63 + b"\n") * (1 << 14)  # 1 MiB
+    with open_output(path) as out:
+        for _ in range(256):
+            out.write(piece)
+    assert path.stat().st_size < 4 << 20  # a ratio above 64
+    result = subprocess.run(
+        [sys.executable, "-c", BOMB_READER, str(path)],
+        capture_output=True, text=True, timeout=120, check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
+    grown = int(result.stdout)
+    assert grown < 48 << 20, f"reading 1,000 lines of {suffix} grew the peak RSS by {grown:,} B"
+
+
+def test_a_long_line_is_read_in_linear_time(tmp_path: Path) -> None:
+    """A line of n blocks costs about n blocks' work, not n**2: a 16 MiB line of 256 blocks
+    takes a few times as long as the same bytes as 1 KiB lines (best of 3 each, interleaved),
+    where re-splitting the pending line at each block took 140 times as long."""
+    size = 16 << 20
+    long = write(tmp_path / "long.txt", b"x" * size + b"\n")
+    short = write(tmp_path / "short.txt", (b"x" * 1023 + b"\n") * (size >> 10))
+    times: dict[str, list[float]] = {long: [], short: []}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(readers, "BLOCK_SIZE", 1 << 16)
+        for _ in range(3):
+            for path in times:
+                started = time.perf_counter()
+                assert sum(map(len, read_lines(path))) == size - (0 if path == long else size >> 10)
+                times[path].append(time.perf_counter() - started)
+    ratio = min(times[long]) / min(times[short])
+    assert ratio < 12, f"a 16 MiB line took {ratio:.1f} times as long as 1 KiB lines"
+
+
+@pytest.mark.parametrize("block", [1 << 22, 7])
+def test_a_line_longer_than_the_limit_is_refused_naming_chunk_line_and_limit(
+    tmp_path: Path, block: int
+) -> None:
+    data = b"short\n" + b"y" * 100 + b"\r\nafter\n" + b"z" * 101 + b"\nend"
+    path = write(tmp_path / "long.txt.gz", data)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(readers, "BLOCK_SIZE", block)
+        lines = read_lines(path, max_line_length=100)
+        assert next(lines) == "short"
+        assert next(lines) == "y" * 100  # at the limit: accepted
+        assert next(lines) == "after"
+        with pytest.raises(
+            ChunkFormatError,
+            match=r"long\.txt\.gz, line 4: longer than max_line_length=100 characters",
+        ):
+            next(lines)
+        assert list(lines) == ["end"]  # the reader goes on after the long line
+        assert list(read_lines(path, max_line_length=None))[3] == "z" * 101
+    with pytest.raises(ValueError, match="read_lines: max_line_length must be >= 1, got 0"):
+        read_lines(path, max_line_length=0)
+    with pytest.raises(TypeError, match=r"read_jsonl: max_line_length must be an int, got 1\.5"):
+        read_jsonl(path, max_line_length=1.5)  # type: ignore[arg-type]
+
+
+def test_a_line_without_end_is_refused_once_it_passes_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file without line endings (e.g. binary data read by mistake) is refused after
+    `max_line_length` characters, not after reading all of it into memory."""
+    path = write(tmp_path / "blob.bin", b"a\n" + b"b" * 100_000)
+    opened: list[Any] = []
+
+    def recording_open_chunk(ref: Any, **kwargs: Any) -> Any:
+        opened.append(open_chunk(ref, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(readers, "BLOCK_SIZE", 64)
+    monkeypatch.setattr(readers, "open_chunk", recording_open_chunk)
+    lines = read_lines(path, max_line_length=300)
+    assert next(lines) == "a"
+    with pytest.raises(ChunkFormatError, match=r"blob\.bin, line 2: longer than "
+                       r"max_line_length=300"):
+        next(lines)
+    assert opened[0].tell() <= 2 + 300 + 64
+    assert list(lines) == []
+
+
+BAD_BYTES = [  # (bytes from the block boundary, bytes with an error, index of the bad byte)
+    (-1, b"\xff", 0),
+    (0, b"\xff", 0),
+    (1, b"\xff", 0),
+    (-1, b"\xe2\x82x", 0),  # a sequence cut by the boundary, then not continued
+    (-2, b"\xe2\x82x", 0),
+    (-1, "\u20ac".encode() + b"\xff", 3),  # a valid sequence cut by the boundary, then a bad byte
+    (-2, "\u20ac".encode() + b"\xff", 3),
+]
+
+
+@pytest.mark.parametrize("block", [None, 8])
+@pytest.mark.parametrize(("shift", "bad", "index"), BAD_BYTES)
+def test_invalid_text_is_named_at_its_exact_byte_and_line_around_block_boundaries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block: int | None, shift: int,
+    bad: bytes, index: int,
+) -> None:
+    if block is not None:
+        monkeypatch.setattr(readers, "BLOCK_SIZE", block)
+    at = readers.BLOCK_SIZE + shift
+    head = b"ab\n" * (at // 3) + b"a" * (at % 3)
+    path = write(tmp_path / "bad.txt", head + bad + b" rest\nlast\n")
+    lines = read_lines(path)
+    assert list(islice(lines, at // 3)) == ["ab"] * (at // 3)  # every line before it
+    with pytest.raises(
+        ChunkFormatError,
+        match=rf"bad\.txt, line {at // 3 + 1}: not valid utf-8 text at byte {at + index} of "
+        r"its decompressed data \(invalid",
+    ):
+        next(lines)
+    assert list(lines) == ["last"]  # and every line after it
+
+
+def jsonl(rows: list[Any]) -> bytes:
+    return "".join(json.dumps(row) + "\n" for row in rows).encode()
+
+
+BAD_RECORDS = {  # a line of each kind of bad record, and the start of its error
+    "bad byte": (b'{"id": "\xff"}\n', "not valid utf-8 text at byte"),
+    "not JSON": (b'{"id": \n', "not valid JSON"),
+    "nested": (b"[" * 100_000 + b"]" * 100_000 + b"\n", "JSON nested too deeply to parse"),
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD_RECORDS))
+def test_read_jsonl_delivers_the_records_around_a_bad_one(tmp_path: Path, kind: str) -> None:
+    line, cause = BAD_RECORDS[kind]
+    rows = [{"id": i} for i in range(1101)]
+    path = write(tmp_path / "bad.jsonl.gz", jsonl(rows[:1000]) + line + jsonl(rows[1000:]))
+    records = read_jsonl(path)
+    assert list(islice(records, 1000)) == rows[:1000]
+    with pytest.raises(ChunkFormatError, match=rf"bad\.jsonl\.gz, line 1001: {cause}") as caught:
+        next(records)
+    message = str(caught.value)
+    assert "on_error=SkipPolicy(" in message
+    assert len(message) < 500
+    assert list(records) == rows[1000:]
+
+
+@pytest.mark.parametrize("read_ahead_chunks", [0, 1])
+@pytest.mark.parametrize("kind", list(BAD_RECORDS))
+def test_skip_policy_skips_only_the_bad_record_of_a_jsonl_chunk(
+    tmp_path: Path, kind: str, read_ahead_chunks: int
+) -> None:
+    line, cause = BAD_RECORDS[kind]
+    rows = [{"id": i} for i in range(1101)]
+    refs = [
+        write(tmp_path / "a.jsonl.zst", jsonl(rows[:1000]) + line + jsonl(rows[1000:1001])),
+        write(tmp_path / "b.jsonl", jsonl(rows[1001:])),
+    ]
+
+    def build() -> Any:
+        return chunked_dataset_iterator(
+            refs, read_jsonl, 100, train=False, shuffle=False,
+            read_ahead_chunks=read_ahead_chunks, on_error=SkipPolicy(max_skips=1),
+        )
+
+    pipeline = build()
+    assert list(pipeline) == rows
+    [ledger] = skip_ledgers(pipeline).values()
+    assert (ledger.records, ledger.chunks) == (1, 0)
+    [entry] = ledger.last
+    assert (entry["chunk"], entry["position"], entry["error"]) == (
+        repr(refs[0]), 1000, "ChunkFormatError"
+    )
+    assert f"line 1001: {cause}" in entry["message"]
+    for point in (1000, 1001):  # restored before and after the bad record: skipped once
+        first = build()
+        head = list(islice(first, point))
+        again = build()
+        again.setstate(json.loads(json.dumps(first.getstate())))
+        assert head + list(again) == rows
+        assert skip_ledgers(again) == skip_ledgers(pipeline)
+
+
+def test_zstd_data_cut_anywhere_is_refused_unless_cut_between_frames(tmp_path: Path) -> None:
+    import zstandard
+
+    texts = [b"ab\n" * 5000, bytes(random.Random(1).randrange(32, 127) for _ in range(300)),
+             b"\n" * 200_000, b"last line\n"]
+    frames = [
+        zstandard.ZstdCompressor(write_checksum=True).compress(texts[0]),
+        zstandard.ZstdCompressor(level=1, write_content_size=False).compress(texts[1]),
+        (0x184D2A53).to_bytes(4, "little") + (5).to_bytes(4, "little") + b"skip!",
+        zstandard.ZstdCompressor(write_checksum=True, write_content_size=False).compress(texts[2]),
+        zstandard.ZstdCompressor().compress(texts[3]),
+    ]
+    data = b"".join(frames)
+    ends = {sum(map(len, frames[:i])): b"".join(texts[: i - (i > 2)]) for i in range(6)}
+    path = tmp_path / "c.txt.zst"
+    for cut in range(len(data) + 1):
+        path.write_bytes(data[:cut])
+        if cut in ends:
+            with open_chunk(path) as stream:
+                assert stream.read() == ends[cut]
+        else:
+            with pytest.raises(ChunkFormatError, match="corrupt or truncated zstd"), \
+                    open_chunk(path) as stream:
+                stream.read()

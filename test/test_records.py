@@ -17,7 +17,13 @@ import infinibatch_like.iterators as it
 from infinibatch_like import StateMismatchError
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.distributed import EqualLengthIterator
-from infinibatch_like.records import ParsedRecords, SkipBudgetExceeded, SkipPolicy, skip_ledgers
+from infinibatch_like.records import (
+    DEFAULT_SKIP_POLICY,
+    ParsedRecords,
+    SkipBudgetExceeded,
+    SkipPolicy,
+    skip_ledgers,
+)
 
 
 def roundtrip(state: Any) -> Any:
@@ -158,9 +164,10 @@ def test_default_raise_is_unchanged_and_bad_on_error_values_are_refused() -> Non
         next(plain)
     assert plain.skipped.records == 0
     assert plain.skipped.last == []
-    with pytest.raises(TypeError, match=r"MapIterator: on_error must be 'raise' or a "
-                       r"SkipPolicy .*got 'skip'"):
-        it.MapIterator(it.NativeCheckpointableIterator([1]), Parse(set()), on_error="skip")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"MapIterator: on_error must be 'raise', 'skip' \(that "
+                       r"is SkipPolicy\(max_skips=10, per_items=10000, keep_last=32\)\) or a "
+                       r"SkipPolicy, got 'ignore'"):
+        it.MapIterator(it.NativeCheckpointableIterator([1]), Parse(set()), on_error="ignore")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="SelectManyIterator: on_error must be"):
         it.SelectManyIterator(it.NativeCheckpointableIterator([[1]]), on_error=None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="ParallelMapIterator: on_error must be"):
@@ -457,9 +464,31 @@ def test_parsed_records_let_the_reader_skip_one_bad_line_and_name_it() -> None:
 
 
 def test_chunked_dataset_iterator_names_itself_for_a_bad_on_error() -> None:
-    with pytest.raises(TypeError, match="chunked_dataset_iterator: on_error must be 'raise' or "
-                       "a SkipPolicy"):
-        chunked_dataset_iterator(["a"], read_lines, 4, on_error="skip")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="chunked_dataset_iterator: on_error must be 'raise', "
+                       "'skip'"):
+        chunked_dataset_iterator(["a"], read_lines, 4, on_error="ignore")  # type: ignore[arg-type]
+
+
+def test_on_error_skip_is_the_default_policy_of_ten_in_ten_thousand() -> None:
+    assert SkipPolicy(max_skips=10, per_items=10_000) == DEFAULT_SKIP_POLICY
+    bad = {3, 9_999, 10_000, *range(20_000, 20_010)}
+    pipeline = it.MapIterator(it.NativeCheckpointableIterator(range(30_000)), Parse(bad),
+                              on_error="skip")
+    assert list(pipeline) == [x * 10 for x in range(30_000) if x not in bad]
+    assert pipeline.skipped.records == len(bad)
+    too_many = it.MapIterator(it.NativeCheckpointableIterator(range(30_000)),
+                              Parse(set(range(100, 111))), on_error="skip")
+    out, error = drain(too_many)
+    assert out == [x * 10 for x in range(100)]
+    assert "more than 10 bad records in items 0..9999, beyond its budget on_error=SkipPolicy(" \
+        "max_skips=10, per_items=10000" in str(error)
+    lines = {"a": ['{"x": 1}', "oops", '{"x": 3}']}
+    chunks = chunked_dataset_iterator(
+        list(lines), lambda name: ParsedRecords(lines[name], lambda line: json.loads(line)["x"]),
+        4, train=False, shuffle=False, on_error="skip",
+    )
+    assert list(chunks) == [1, 3]
+    assert [ledger.records for ledger in skip_ledgers(chunks).values()] == [1]
 
 
 @pytest.mark.parametrize(

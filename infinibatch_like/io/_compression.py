@@ -1,7 +1,9 @@
 """Compression chosen from a chunk's suffix, with the fastest decompressor installed.
 
 gzip uses python-isal's ``igzip`` if installed, else zlib-ng's ``gzip_ng``, else the
-standard library; ``.zst`` needs zstandard; ``.bz2`` and ``.xz`` use the standard library.
+standard library; ``.zst`` needs zstandard (see `_zstd`); ``.bz2`` and ``.xz`` use the
+standard library. Every reader decompresses at most about the bytes asked for per read, so
+a decompression bomb is read in bounded memory.
 The wrappers never close the raw stream under them; their caller does. Written gzip headers
 carry no time stamp and no file name, so the same data compresses to the same bytes (with
 the same gzip implementation and level).
@@ -18,12 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any, BinaryIO, cast
 
-from .._extras import missing_extra
-
-READ_SIZE = 1 << 18
-"""Bytes of compressed input read at a time by the zstd reader."""
-WRITE_SIZE = 1 << 20
-"""Size of the zstd reader's output pieces (zstandard's default, 128 KiB, is slower)."""
+from ._zstd import ZstdReader, zstandard_module
 
 REFUSED_SUFFIXES = frozenset(
     {".lz4", ".lzma", ".lz", ".lzo", ".br", ".snappy", ".sz", ".z", ".zip", ".7z", ".tgz"}
@@ -51,7 +48,7 @@ def codec_for(ref: str) -> Codec | None:
     name = ref.rsplit("/", 1)[-1]
     suffix = name[name.rfind(".") :].lower() if "." in name else ""
     if suffix == ".zst":
-        _zstandard()  # a missing extra is reported before any I/O
+        zstandard_module()  # a missing extra is reported before any I/O
     if suffix in _CODECS:
         return _CODECS[suffix]
     if suffix in REFUSED_SUFFIXES:
@@ -86,63 +83,12 @@ def _gzip_writer(raw: BinaryIO, level: int | None) -> IO[bytes]:
     )
 
 
-def _zstandard() -> Any:
-    try:
-        return importlib.import_module("zstandard")
-    except ImportError as error:
-        raise missing_extra("zstandard", "zstd", "reading and writing .zst chunks") from error
-
-
-class _ZstdReader(io.RawIOBase):
-    """Decompressed bytes of a zstd stream of one or more frames; a stream that ends inside
-    a frame raises EOFError (zstandard's own stream reader ends silently there)."""
-
-    def __init__(self, raw: BinaryIO) -> None:
-        self._raw = raw
-        self._module = _zstandard()
-        self._decompressor = self._module.ZstdDecompressor()
-        self._frame = self._decompressor.decompressobj(write_size=WRITE_SIZE)
-        self._in_frame = False
-        self._pending = memoryview(b"")
-        self._offset = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        while self._offset >= len(self._pending):
-            data = self._raw.read(READ_SIZE)
-            if not data:
-                if self._in_frame:
-                    raise EOFError("the zstd data ends inside a frame (truncated)")
-                return 0
-            self._pending, self._offset = memoryview(self._feed(data)), 0
-        size = min(len(view), len(self._pending) - self._offset)
-        view[:size] = self._pending[self._offset : self._offset + size]
-        self._offset += size
-        return size
-
-    def _feed(self, data: bytes) -> bytes:
-        """Decompress `data`, starting new frames after finished ones."""
-        output = []
-        while data:
-            self._in_frame = True
-            output.append(self._frame.decompress(data))
-            if not self._frame.eof:
-                break
-            data = self._frame.unused_data
-            self._frame = self._decompressor.decompressobj(write_size=WRITE_SIZE)
-            self._in_frame = False
-        return b"".join(output)
-
-
 def _zstd_reader(raw: BinaryIO) -> IO[bytes]:
-    return io.BufferedReader(_ZstdReader(raw), buffer_size=1 << 20)
+    return io.BufferedReader(ZstdReader(raw), buffer_size=1 << 20)
 
 
 def _zstd_writer(raw: BinaryIO, level: int | None) -> IO[bytes]:
-    compressor = _zstandard().ZstdCompressor(level=3 if level is None else level)
+    compressor = zstandard_module().ZstdCompressor(level=3 if level is None else level)
     return cast(IO[bytes], compressor.stream_writer(raw, closefd=False))
 
 
