@@ -126,7 +126,10 @@ def chunked_dataset_iterator(
         samples = PrefetchIterator(samples, buffer_size)
     if shuffle:
         shuffle_stage = BufferedShuffleIterator if use_windowed else BlockwiseShuffleIterator
-        samples = shuffle_stage(samples, buffer_size, bump_seed(seed))
+        size = "buffer_size" if use_windowed else "block_size"
+        samples = shuffle_stage(samples, buffer_size, bump_seed(seed)).label_arguments(
+            {size: f"{_OWNER}'s buffer_size"}
+        )
     if prefetch and not use_windowed:
         samples = PrefetchIterator(samples, buffer_size)
     if transform is not None:

@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 from ._base import (
+    GATHERED_FORMAT,
     CheckpointableIterator,
     Stage,
     State,
@@ -29,10 +30,6 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
 T = TypeVar("T")
-
-GATHERED_FORMAT = "infinibatch_like.gather_state/1"
-"""The ``"format"`` of the dicts made by `gather_state`."""
-
 
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name)

@@ -285,6 +285,37 @@ def test_every_rank_yields_the_same_number_of_items_and_restores_exactly(
         assert records == results[rank][0][point:]
 
 
+def test_statistics_paths_name_real_attributes(no_rank_env: None) -> None:
+    from infinibatch_like import stats
+
+    pipeline = EqualLengthIterator(
+        it.FixedBatchIterator(
+            it.MapIterator(it.ZipIterator(it.NativeCheckpointableIterator([1, 2, 3]),
+                                          it.NativeCheckpointableIterator("abc")), str),
+            2,
+        ),
+        fill=list,
+    )
+    stats.enable(pipeline)
+    assert len(list(pipeline)) == 2
+    paths = [entry["path"] for entry in stats.collect(pipeline)]
+    assert paths[-1] == (
+        "EqualLengthIterator.source > FixedBatchIterator.source > MapIterator.source > "
+        "ZipIterator.sources[1] > NativeCheckpointableIterator"
+    )
+    for path in paths:  # each step of a path is an attribute of the stage before it
+        stage: Any = pipeline
+        for step in path.split(" > ")[:-1]:
+            attribute = step.split(".", 1)[1]
+            name, _, index = attribute.partition("[")
+            stage = getattr(stage, name)
+            if index:
+                stage = stage[int(index.rstrip("]"))]
+        assert type(stage).__name__ == path.rsplit(" > ", 1)[-1]
+    with pytest.raises(AttributeError, match="ZipIterator has 2 sources, not one: see its"):
+        pipeline.source.source.source.source  # noqa: B018
+
+
 def test_equal_length_iterator_rejects_bad_arguments_and_states() -> None:
     source = it.NativeCheckpointableIterator([1, 2])
     with pytest.raises(ValueError, match=r"EqualLengthIterator: policy must be one of"):
