@@ -472,7 +472,8 @@ def test_integer_items_fit_narrower_integer_dtypes_when_in_range() -> None:
 @pytest.mark.parametrize(
     ("items", "options", "error", "message"),
     [
-        ([], {}, ValueError, "items is empty"),
+        ([], {}, ValueError, r"items is empty: .* make a batch of one pad item such as "
+         r"\[\[pad_value\]\] and weight its loss 0"),
         ("abc", {}, TypeError, "items must be a sequence"),
         ([[1, 2], [[1], [2, 3]]], {}, ValueError, r"items\[1\] cannot be read as a rectangular"),
         ([[1], ["a", "b"]], {}, TypeError, r"items\[1\] must hold numbers"),

@@ -191,7 +191,11 @@ def _item_arrays(items: Sequence[Any]) -> list[npt.NDArray[Any]]:
     if isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
         raise TypeError(f"pad_batch: items must be a sequence of items, got {items!r:.80}")
     if not items:
-        raise ValueError("pad_batch: items is empty: a batch needs at least one item")
+        raise ValueError(
+            "pad_batch: items is empty: a batch needs at least one item (for a padding step, "
+            "e.g. an EqualLengthIterator's fill, make a batch of one pad item such as "
+            "[[pad_value]] and weight its loss 0)"
+        )
     arrays = []
     for index, item in enumerate(items):
         try:
