@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from math import gcd
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from ._base import CheckpointableIterator, require_callable, require_int
 from ._callables import short_repr
@@ -17,6 +17,10 @@ from .sources import EVALUATION_HAS_NO_EPOCHS, check_epochs, check_rank, create_
 
 _OWNER = "chunked_dataset_iterator"
 
+R = TypeVar("R")
+T = TypeVar("T")
+U = TypeVar("U")
+
 
 def bump_seed(seed: int | None, step: int = 1) -> int | None:
     """The seed for a pipeline's next random stage: None stays None, else ``seed + 1``.
@@ -25,6 +29,66 @@ def bump_seed(seed: int | None, step: int = 1) -> int | None:
     arguments give the same data).
     """
     return None if seed is None else seed + 1
+
+
+@overload
+def chunked_dataset_iterator(
+    chunk_refs: Sequence[R],
+    read_chunk_fn: Callable[[R], Iterable[T]],
+    buffer_size: int,
+    train: bool = True,
+    seed: int | None = None,
+    shuffle: bool = True,
+    use_windowed: bool = False,
+    transform: None = None,
+    prefetch: bool = False,
+    num_instances: int = 1,
+    instance_rank: int = 0,
+    *,
+    read_ahead_chunks: int = 0,
+    epochs: int | None = None,
+    on_error: OnError = "raise",
+) -> CheckpointableIterator[T]: ...
+
+
+@overload
+def chunked_dataset_iterator(
+    chunk_refs: Sequence[R],
+    read_chunk_fn: Callable[[R], Iterable[T]],
+    buffer_size: int,
+    train: bool = True,
+    seed: int | None = None,
+    shuffle: bool = True,
+    use_windowed: bool = False,
+    *,
+    transform: Callable[[T], U],
+    prefetch: bool = False,
+    num_instances: int = 1,
+    instance_rank: int = 0,
+    read_ahead_chunks: int = 0,
+    epochs: int | None = None,
+    on_error: OnError = "raise",
+) -> CheckpointableIterator[U]: ...
+
+
+@overload
+def chunked_dataset_iterator(
+    chunk_refs: Sequence[R],
+    read_chunk_fn: Callable[[R], Iterable[T]],
+    buffer_size: int,
+    train: bool,
+    seed: int | None,
+    shuffle: bool,
+    use_windowed: bool,
+    transform: Callable[[T], U],
+    prefetch: bool = False,
+    num_instances: int = 1,
+    instance_rank: int = 0,
+    *,
+    read_ahead_chunks: int = 0,
+    epochs: int | None = None,
+    on_error: OnError = "raise",
+) -> CheckpointableIterator[U]: ...
 
 
 def chunked_dataset_iterator(
