@@ -12,7 +12,6 @@ the batches it trained on (None for a padding step), its counts and the final we
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ from torch import nn
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.distributed import EqualLengthIterator, rank_and_world_size
 from infinibatch_like.iterators import FixedBatchIterator, MapIterator
-from infinibatch_like.torch import PaddedTensors, pad_batch
+from infinibatch_like.torch import PaddedTensors, padder
 
 BATCH_SIZE = 2
 PAD = 0
@@ -70,7 +69,7 @@ def main(mode: str, out: Path) -> None:
         num_instances=world_size, instance_rank=rank,
     )
     batches = EqualLengthIterator(FixedBatchIterator(share, BATCH_SIZE), fill=lambda: [[PAD]])
-    collated = MapIterator(batches, functools.partial(pad_batch, to="torch", pad_value=PAD))
+    collated = MapIterator(batches, padder(to="torch", pad_value=PAD))
     trained: list[list[list[int]] | None] = []
     for batch in collated:
         weight = 0.0 if batches.last_is_padding else 1.0

@@ -253,12 +253,18 @@ def where(path: Path, line: int, origins: list[tuple[int, str, int]]) -> str:
 
 
 @pytest.mark.slow
-def test_examples_pass_mypy_strict(tmp_path: Path) -> None:
-    modules = typed_modules(tmp_path)
+def test_examples_pass_mypy_strict() -> None:
+    # A fixed folder, so that mypy's cache (keyed by module) knows the modules' paths.
+    out = REPO / ".mypy_cache" / "doc-examples"
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("*.py"):
+        stale.unlink()
+    modules = typed_modules(out)
     result = subprocess.run(
         [
             *(sys.executable, "-m", "mypy", "--config-file", str(REPO / "setup.cfg")),
             *("--cache-dir", str(REPO / ".mypy_cache"), "--no-error-summary"),
+            "--untyped-calls-exclude=torch",  # torch leaves some methods unannotated (backward)
             *map(str, modules),
         ],
         cwd=REPO,
@@ -276,9 +282,8 @@ def test_examples_pass_mypy_strict(tmp_path: Path) -> None:
         path = path if path.is_absolute() else REPO / path
         origin = where(path, int(found["line"]), modules[path]) if path in modules else path
         errors.append(f"{origin}: {found['rest']}")
-    assert result.returncode == 0 and not errors, (
-        "the examples do not pass mypy --strict:\n" + "\n".join(errors) + result.stderr
-    )
+    assert not errors, "the examples do not pass mypy --strict:\n" + "\n".join(errors)
+    assert result.returncode == 0, result.stderr
 
 
 # -- the built site ------------------------------------------------------------------------
