@@ -472,13 +472,28 @@ def torchrun(
         try:
             output, _ = launcher.communicate(timeout=LAUNCH_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            output, _ = launcher.communicate()
+            output = stop_job(launcher)
             pytest.fail(f"torchrun {mode} with {ranks} ranks hung:\n{output}")
         finally:
             if launcher.poll() is None:
-                os.killpg(launcher.pid, signal.SIGKILL)
+                stop_job(launcher)
     return subprocess.CompletedProcess(command, launcher.returncode, output, "")
+
+
+def stop_job(launcher: subprocess.Popen[str]) -> str:
+    """Stop a torchrun job and its workers; the output so far.
+
+    torchrun starts each worker in a session of its own, so a SIGKILL of torchrun's
+    process group would leave the workers running (and holding the output pipe open).
+    SIGTERM makes torchrun stop its workers first; SIGKILL is the last resort.
+    """
+    launcher.terminate()
+    try:
+        output, _ = launcher.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        output, _ = launcher.communicate(timeout=30)
+    return output
 
 
 def results(out: Path, mode: str, ranks: int, proc: subprocess.CompletedProcess[str]) -> Any:
