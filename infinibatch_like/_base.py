@@ -172,6 +172,9 @@ class Stage(CheckpointableIterator[T]):
     the stage (see `_callables`); if such an error consumes the item the callable was given
     (a builtin ``map``), ``_loses_input_on_error`` makes the state step the source back to
     that item, or `getstate` refuse the undefined position until the next `setstate`.
+    A function that builds stages from its own arguments (``chunked_dataset_iterator``'s
+    `buffer_size` becomes a shuffle's `block_size`) names them with `label_arguments`, so
+    that a refused state names the argument the user passed.
 
     The base class gives every stage the contract's guarantees: states in and out are
     snapshots (`getstate` copies the state once, at the stage it is called on, and
@@ -400,7 +403,7 @@ class Stage(CheckpointableIterator[T]):
         self._argument_labels = MappingProxyType(dict(labels))
         return self
 
-    def argument_changed(self, name: str, saved: object, own: object) -> StateMismatchError:
+    def _argument_changed(self, name: str, saved: object, own: object) -> StateMismatchError:
         """The error for a state taken with another value of the argument `name`."""
         label = self._argument_labels.get(name)
         taken = f"{name}={saved!r}, this stage has {name}={own!r}"
@@ -418,7 +421,7 @@ class Stage(CheckpointableIterator[T]):
             if name not in saved:
                 raise self.mismatch(f"the state's fingerprint lacks the argument {name!r}")
             if type(saved[name]) is not type(value) or saved[name] != value:
-                raise self.argument_changed(name, saved[name], value)
+                raise self._argument_changed(name, saved[name], value)
 
     def restore_source(self, source: Iterator[Any], state: State | None, where: str) -> None:
         """Set `source` to `state`, naming `where` (e.g. ``"source"``) in mismatch errors."""

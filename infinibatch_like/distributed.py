@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name)
     if value is None or value.strip() == "":

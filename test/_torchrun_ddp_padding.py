@@ -65,8 +65,13 @@ def main(mode: str, out: Path) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     chunks = corpus(world_size)
     share = chunked_dataset_iterator(
-        chunks, list, buffer_size=1, train=False, shuffle=False,
-        num_instances=world_size, instance_rank=rank,
+        chunks,
+        list,
+        buffer_size=1,
+        train=False,
+        shuffle=False,
+        num_instances=world_size,
+        instance_rank=rank,
     )
     batches = EqualLengthIterator(FixedBatchIterator(share, BATCH_SIZE), fill=lambda: [[PAD]])
     collated = MapIterator(batches, padder(to="torch", pad_value=PAD))
