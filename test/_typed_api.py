@@ -4,11 +4,11 @@ the types a user expects, without annotations at the call site."""
 from __future__ import annotations
 
 import functools
-from typing import assert_type
 
 import numpy as np
 import numpy.typing as npt
 import torch
+from typing_extensions import assert_type  # typing has it from Python 3.11
 
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.iterators import (
