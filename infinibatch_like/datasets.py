@@ -177,6 +177,11 @@ def chunked_dataset_iterator(
             num_instances=num_instances,
             instance_rank=instance_rank,
             epochs=epochs,
+        ).label_arguments(
+            {
+                "source_items": f"{_OWNER}'s chunk_refs",
+                "iterable": f"{_OWNER}'s chunk_refs (this rank's share)",
+            }
         ),
         read_chunk_fn,
         read_ahead=read_ahead_chunks,

@@ -145,6 +145,23 @@ def test_changed_buffer_size_is_named_as_passed_to_chunked_dataset_iterator(
         other.setstate(unlabelled.getstate())
 
 
+def test_changed_chunk_refs_are_named_as_passed_to_chunked_dataset_iterator() -> None:
+    training = chunked_dataset_iterator([[1, 2, 3], [4, 5]], list, buffer_size=4, seed=1)
+    other_refs = chunked_dataset_iterator([[1, 2, 3], [4, 6]], list, buffer_size=4, seed=1)
+    with pytest.raises(StateMismatchError, match=(
+        r"InfinitePermutationSourceIterator: the checkpoint was taken with "
+        r"chunked_dataset_iterator's chunk_refs='2 items #\w+', this pipeline has '2 items "
+        r"#\w+' \(InfinitePermutationSourceIterator's source_items\)"
+    )):
+        other_refs.setstate(training.getstate())
+    share = chunked_dataset_iterator([[1], [2], [3]], list, 1, train=False, shuffle=False)
+    other_share = chunked_dataset_iterator([[1], [2]], list, 1, train=False, shuffle=False)
+    with pytest.raises(StateMismatchError, match=(
+        r"taken with chunked_dataset_iterator's chunk_refs \(this rank's share\)='3 items"
+    )):
+        other_share.setstate(share.getstate())
+
+
 def test_state_with_wrong_field_type_is_refused() -> None:
     with pytest.raises(StateMismatchError, match="field 'consumed' has type bool, expected int"):
         native().setstate({"stage": "NativeCheckpointableIterator", "consumed": True})
