@@ -509,6 +509,10 @@ def test_padder_is_pad_batch_with_fixed_options() -> None:
     assert isinstance(batch, PaddedTensorsNoMask)
     assert batch.values.tolist() == [[3, 4, 5], [6, -1, -1]]
     assert batch.mask is None
+    moved = batch.to("cpu")
+    assert isinstance(moved, PaddedTensorsNoMask)
+    assert moved.lengths.tolist() == [3, 1]
+    assert moved.mask is None
     padded = padder(padding="max_length", max_length=4)(items)
     assert isinstance(padded, PaddedArrays)
     assert padded.mask.tolist() == [[True, True, True, False], [True, False, False, False]]
