@@ -16,7 +16,8 @@ import pickle
 import threading
 import weakref
 from abc import abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
 from ._callables import note_error
@@ -68,6 +69,10 @@ class CheckpointableIterator(collections.abc.Iterator[T_co]):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+GATHERED_FORMAT = "infinibatch_like.gather_state/1"
+"""The ``"format"`` of the dicts made by `infinibatch_like.distributed.gather_state`."""
 
 
 class StateMismatchError(ValueError):
@@ -167,6 +172,9 @@ class Stage(CheckpointableIterator[T]):
     the stage (see `_callables`); if such an error consumes the item the callable was given
     (a builtin ``map``), ``_loses_input_on_error`` makes the state step the source back to
     that item, or `getstate` refuse the undefined position until the next `setstate`.
+    A function that builds stages from its own arguments (``chunked_dataset_iterator``'s
+    `buffer_size` becomes a shuffle's `block_size`) names them with `label_arguments`, so
+    that a refused state names the argument the user passed.
 
     The base class gives every stage the contract's guarantees: states in and out are
     snapshots (`getstate` copies the state once, at the stage it is called on, and
@@ -204,6 +212,9 @@ class Stage(CheckpointableIterator[T]):
     _init_args: tuple[tuple[Any, ...], dict[str, Any]]
     _probe: StageProbe | None = None
     """Statistics' counters while they are on (`infinibatch_like.stats`), else None."""
+    _argument_labels: Mapping[str, str] = MappingProxyType({})
+    """How errors name this stage's arguments where a builder set them from its own (see
+    `label_arguments`)."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Stage[T]:
         self = super().__new__(cls)
@@ -214,6 +225,26 @@ class Stage(CheckpointableIterator[T]):
     @property
     def _name(self) -> str:
         return type(self).__name__
+
+    @property
+    def source(self) -> Iterator[Any]:
+        """The iterator this stage reads from, as the paths of errors and statistics name it
+        (``MapIterator.source > SelectManyIterator``).
+
+        Raises:
+            AttributeError: for a stage with several sources (see `sources`) or none.
+        """
+        if len(self._upstream) != 1:
+            raise AttributeError(
+                f"{self._name} has {len(self._upstream)} sources, not one: see its .sources"
+            )
+        return self._upstream[0]
+
+    @property
+    def sources(self) -> tuple[Iterator[Any], ...]:
+        """The iterators this stage reads from, in the order the paths of errors and
+        statistics number them (``ZipIterator.sources[1] > MapIterator``)."""
+        return self._upstream
 
     @property
     def _sources(self) -> tuple[Iterator[Any], ...]:
@@ -319,6 +350,12 @@ class Stage(CheckpointableIterator[T]):
         if not isinstance(checkpoint, dict):
             raise self.mismatch(f"expected a dict, got {type(checkpoint).__name__}")
         stage = checkpoint.get("stage")
+        if stage is None and checkpoint.get("format") == GATHERED_FORMAT:
+            raise self.mismatch(
+                "this is every rank's state gathered by gather_state(); restore it with "
+                "infinibatch_like.distributed.restore_state(pipeline, state), which gives "
+                "each rank its own"
+            )
         if stage != self._name:
             raise self.mismatch(f"expected a state of {self._name}, got one of {stage!r}")
         missing = sorted(set(self._state_fields) - set(checkpoint))
@@ -359,6 +396,24 @@ class Stage(CheckpointableIterator[T]):
         """
         return {}
 
+    def label_arguments(self, labels: Mapping[str, str]) -> Stage[T]:
+        """Name some of this stage's arguments, in errors, as the builder of the pipeline
+        named the arguments they came from (``{"block_size": "chunked_dataset_iterator's
+        buffer_size"}``); returns the stage."""
+        self._argument_labels = MappingProxyType(dict(labels))
+        return self
+
+    def _argument_changed(self, name: str, saved: object, own: object) -> StateMismatchError:
+        """The error for a state taken with another value of the argument `name`."""
+        label = self._argument_labels.get(name)
+        taken = f"{name}={saved!r}, this stage has {name}={own!r}"
+        if label is not None:
+            taken = f"{label}={saved!r}, this pipeline has {own!r} ({self._name}'s {name})"
+        return self.mismatch(
+            f"the checkpoint was taken with {taken}; this argument decides the stream and "
+            "cannot change at a restart"
+        )
+
     def _check_fingerprint(self, saved: object, own: State) -> None:
         if not isinstance(saved, dict):
             raise self.mismatch(f"state field 'fingerprint' must be a dict, got {saved!r}")
@@ -366,11 +421,7 @@ class Stage(CheckpointableIterator[T]):
             if name not in saved:
                 raise self.mismatch(f"the state's fingerprint lacks the argument {name!r}")
             if type(saved[name]) is not type(value) or saved[name] != value:
-                raise self.mismatch(
-                    f"the checkpoint was taken with {name}={saved[name]!r}, this stage has "
-                    f"{name}={value!r}; this argument decides the stream and cannot change "
-                    "at a restart"
-                )
+                raise self._argument_changed(name, saved[name], value)
 
     def restore_source(self, source: Iterator[Any], state: State | None, where: str) -> None:
         """Set `source` to `state`, naming `where` (e.g. ``"source"``) in mismatch errors."""
@@ -430,11 +481,7 @@ class Stage(CheckpointableIterator[T]):
         if self._closed:
             raise pickle.PicklingError(f"cannot pickle {self._name}: it is closed")
         self._check_picklable_callables(protocol)
-        args, kwargs = self._init_args
-        return (
-            _rebuild,
-            (type(self), _unrestored(args), _unrestored(kwargs), self.getstate()),
-        )
+        return _rebuilt(self, self.getstate())
 
     def _check_picklable_callables(self, protocol: Any) -> None:
         args, kwargs = self._init_args
@@ -472,10 +519,17 @@ class _Unrestored:
         self.stage = stage
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
-        stage = self.stage
-        stage._check_picklable_callables(protocol)
-        args, kwargs = stage._init_args
-        return (_rebuild, (type(stage), _unrestored(args), _unrestored(kwargs), None))
+        self.stage._check_picklable_callables(protocol)
+        return _rebuilt(self.stage, None)
+
+
+def _rebuilt(stage: Stage[Any], state: State | None) -> tuple[Any, ...]:
+    """How pickle rebuilds `stage`: from its constructor arguments, restored to `state`,
+    with the argument labels its builder gave it."""
+    args, kwargs = stage._init_args
+    rebuild = (_rebuild, (type(stage), _unrestored(args), _unrestored(kwargs), state))
+    labels = stage.__dict__.get("_argument_labels")
+    return rebuild if labels is None else (*rebuild, {"_argument_labels": dict(labels)})
 
 
 def _unrestored(value: Any) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from math import gcd
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from ._base import CheckpointableIterator, require_callable, require_int
 from ._callables import short_repr
@@ -17,6 +17,10 @@ from .sources import EVALUATION_HAS_NO_EPOCHS, check_epochs, check_rank, create_
 
 _OWNER = "chunked_dataset_iterator"
 
+R = TypeVar("R")
+T = TypeVar("T")
+U = TypeVar("U")
+
 
 def bump_seed(seed: int | None, step: int = 1) -> int | None:
     """The seed for a pipeline's next random stage: None stays None, else ``seed + 1``.
@@ -25,6 +29,66 @@ def bump_seed(seed: int | None, step: int = 1) -> int | None:
     arguments give the same data).
     """
     return None if seed is None else seed + 1
+
+
+@overload
+def chunked_dataset_iterator(
+    chunk_refs: Sequence[R],
+    read_chunk_fn: Callable[[R], Iterable[T]],
+    buffer_size: int,
+    train: bool = True,
+    seed: int | None = None,
+    shuffle: bool = True,
+    use_windowed: bool = False,
+    transform: None = None,
+    prefetch: bool = False,
+    num_instances: int = 1,
+    instance_rank: int = 0,
+    *,
+    read_ahead_chunks: int = 0,
+    epochs: int | None = None,
+    on_error: OnError = "raise",
+) -> CheckpointableIterator[T]: ...
+
+
+@overload
+def chunked_dataset_iterator(
+    chunk_refs: Sequence[R],
+    read_chunk_fn: Callable[[R], Iterable[T]],
+    buffer_size: int,
+    train: bool = True,
+    seed: int | None = None,
+    shuffle: bool = True,
+    use_windowed: bool = False,
+    *,
+    transform: Callable[[T], U],
+    prefetch: bool = False,
+    num_instances: int = 1,
+    instance_rank: int = 0,
+    read_ahead_chunks: int = 0,
+    epochs: int | None = None,
+    on_error: OnError = "raise",
+) -> CheckpointableIterator[U]: ...
+
+
+@overload
+def chunked_dataset_iterator(
+    chunk_refs: Sequence[R],
+    read_chunk_fn: Callable[[R], Iterable[T]],
+    buffer_size: int,
+    train: bool,
+    seed: int | None,
+    shuffle: bool,
+    use_windowed: bool,
+    transform: Callable[[T], U],
+    prefetch: bool = False,
+    num_instances: int = 1,
+    instance_rank: int = 0,
+    *,
+    read_ahead_chunks: int = 0,
+    epochs: int | None = None,
+    on_error: OnError = "raise",
+) -> CheckpointableIterator[U]: ...
 
 
 def chunked_dataset_iterator(
@@ -114,6 +178,11 @@ def chunked_dataset_iterator(
             num_instances=num_instances,
             instance_rank=instance_rank,
             epochs=epochs,
+        ).label_arguments(
+            {
+                "source_items": f"{_OWNER}'s chunk_refs",
+                "iterable": f"{_OWNER}'s chunk_refs (this rank's share)",
+            }
         ),
         read_chunk_fn,
         read_ahead=read_ahead_chunks,
@@ -127,7 +196,10 @@ def chunked_dataset_iterator(
         samples = PrefetchIterator(samples, buffer_size)
     if shuffle:
         shuffle_stage = BufferedShuffleIterator if use_windowed else BlockwiseShuffleIterator
-        samples = shuffle_stage(samples, buffer_size, bump_seed(seed))
+        size = "buffer_size" if use_windowed else "block_size"
+        samples = shuffle_stage(samples, buffer_size, bump_seed(seed)).label_arguments(
+            {size: f"{_OWNER}'s buffer_size"}
+        )
     if prefetch and not use_windowed:
         samples = PrefetchIterator(samples, buffer_size)
     if transform is not None:

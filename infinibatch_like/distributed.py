@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 from ._base import (
+    GATHERED_FORMAT,
     CheckpointableIterator,
     Stage,
     State,
@@ -29,9 +30,6 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
 T = TypeVar("T")
-
-GATHERED_FORMAT = "infinibatch_like.gather_state/1"
-"""The ``"format"`` of the dicts made by `gather_state`."""
 
 
 def _env_int(name: str) -> int | None:
@@ -216,15 +214,19 @@ class EqualLengthIterator(Stage[T]):
       are the last ``counts["dropped"]`` items of that rank's share.
 
     Each rank keeps ``counts``: ``{"real", "padded", "dropped"}``. The wrapper is for
-    finite passes (e.g. ``train=False``); on an endless stream it only adds a collective
-    per item. Without a process group (a single process) it needs no torch.
+    finite passes (``train=False``, or training with ``epochs=``); on an endless stream it
+    only adds a collective per item. In a training epoch under DDP a padding step must
+    still run forward and backward: give a `fill` that makes a batch of the real batches'
+    structure (e.g. one item of one pad token, ``fill=lambda: [[PAD]]``, before
+    collation) or repeat the share, and weight the loss of a padding step by 0. Without a
+    process group (a single process) it needs no torch.
 
     Args:
         source_iterator: this rank's finite pass (e.g. batches); reset after it ends when
             it pads by repeating.
         policy: ``"pad"`` or ``"drop"``.
-        fill: with ``"pad"``, makes a padding item (e.g. an empty batch) instead of
-            repeating the share.
+        fill: with ``"pad"``, makes a padding item instead of repeating the share: an
+            empty batch (``list``) for metrics, a batch the model accepts in training.
         group: the process group of the ranks that must agree (default: the whole job).
 
     Raises:

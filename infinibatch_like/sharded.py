@@ -33,8 +33,9 @@ from .weighted import WeightedMultiplexIterator, checked_weights
 
 T = TypeVar("T")
 
-ShardFactory = Callable[[int, int], CheckpointableIterator[Any]]
-"""Builds the pipeline of shard `shard` of `num_shards`: ``factory(shard, num_shards)``."""
+ShardFactory = Callable[[int, int], CheckpointableIterator[T]]
+"""Builds the pipeline of shard `shard` of `num_shards`: ``factory(shard, num_shards)``
+(generic in the item type, so that a lambda factory's parameters need no annotations)."""
 
 _ENTRY_FIELDS: dict[str, type | tuple[type, ...]] = {
     "shard": int,
@@ -99,7 +100,7 @@ class _ShardGroup(Stage[tuple[int, bool, Any]]):
     """Its sources are copies of one pipeline (statistics add them up)."""
 
     def __init__(
-        self, factory: ShardFactory, shards: list[int], num_shards: int, max_replay: int
+        self, factory: ShardFactory[Any], shards: list[int], num_shards: int, max_replay: int
     ) -> None:
         self._shards = list(shards)
         self._num_shards = num_shards
@@ -233,7 +234,7 @@ class ShardedIterator(Stage[T]):
 
     def __init__(
         self,
-        factory: ShardFactory,
+        factory: ShardFactory[T],
         num_shards: int,
         rank: int | None = None,
         world_size: int | None = None,

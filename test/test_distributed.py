@@ -43,6 +43,7 @@ from infinibatch_like.sharded import ShardedIterator, owned_shards
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "test" / "_torchrun_worker.py"
 ELASTIC_WORKER = REPO / "test" / "_torchrun_elastic.py"
+DDP_WORKER = REPO / "test" / "_torchrun_ddp_padding.py"
 LAUNCH_TIMEOUT_S = 120
 
 # -- rank_and_world_size, gather_state and restore_state in one process -----------------
@@ -285,6 +286,37 @@ def test_every_rank_yields_the_same_number_of_items_and_restores_exactly(
         assert records == results[rank][0][point:]
 
 
+def test_statistics_paths_name_real_attributes(no_rank_env: None) -> None:
+    from infinibatch_like import stats
+
+    pipeline = EqualLengthIterator(
+        it.FixedBatchIterator(
+            it.MapIterator(it.ZipIterator(it.NativeCheckpointableIterator([1, 2, 3]),
+                                          it.NativeCheckpointableIterator("abc")), str),
+            2,
+        ),
+        fill=list,
+    )
+    stats.enable(pipeline)
+    assert len(list(pipeline)) == 2
+    paths = [entry["path"] for entry in stats.collect(pipeline)]
+    assert paths[-1] == (
+        "EqualLengthIterator.source > FixedBatchIterator.source > MapIterator.source > "
+        "ZipIterator.sources[1] > NativeCheckpointableIterator"
+    )
+    for path in paths:  # each step of a path is an attribute of the stage before it
+        stage: Any = pipeline
+        for step in path.split(" > ")[:-1]:
+            attribute = step.split(".", 1)[1]
+            name, _, index = attribute.partition("[")
+            stage = getattr(stage, name)
+            if index:
+                stage = stage[int(index.rstrip("]"))]
+        assert type(stage).__name__ == path.rsplit(" > ", 1)[-1]
+    with pytest.raises(AttributeError, match="ZipIterator has 2 sources, not one: see its"):
+        pipeline.source.source.source.source  # noqa: B018
+
+
 def test_equal_length_iterator_rejects_bad_arguments_and_states() -> None:
     source = it.NativeCheckpointableIterator([1, 2])
     with pytest.raises(ValueError, match=r"EqualLengthIterator: policy must be one of"):
@@ -447,13 +479,28 @@ def torchrun(
         try:
             output, _ = launcher.communicate(timeout=LAUNCH_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            output, _ = launcher.communicate()
+            output = stop_job(launcher)
             pytest.fail(f"torchrun {mode} with {ranks} ranks hung:\n{output}")
         finally:
             if launcher.poll() is None:
-                os.killpg(launcher.pid, signal.SIGKILL)
+                stop_job(launcher)
     return subprocess.CompletedProcess(command, launcher.returncode, output, "")
+
+
+def stop_job(launcher: subprocess.Popen[str]) -> str:
+    """Stop a torchrun job and its workers; the output so far.
+
+    torchrun starts each worker in a session of its own, so a SIGKILL of torchrun's
+    process group would leave the workers running (and holding the output pipe open).
+    SIGTERM makes torchrun stop its workers first; SIGKILL is the last resort.
+    """
+    launcher.terminate()
+    try:
+        output, _ = launcher.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        output, _ = launcher.communicate(timeout=30)
+    return output
 
 
 def results(out: Path, mode: str, ranks: int, proc: subprocess.CompletedProcess[str]) -> Any:
@@ -589,6 +636,47 @@ def test_restoring_a_non_elastic_pipeline_on_another_number_of_ranks_fails_clear
             "holds the data states of 2 ranks, but this job has 3, and FixedBatchIterator "
             "cannot be elastic (a batch in progress holds this rank's items)"
         ) in rank["mismatch"]
+
+
+@pytest.mark.slow
+def test_a_finite_ddp_epoch_pads_with_zero_weighted_steps(tmp_path: Path) -> None:
+    """DDP over unequal shares ends on every rank; a padding step (a one-item fill batch,
+    loss weighted 0) runs forward and backward and adds exactly nothing to the update."""
+    sys.path.insert(0, str(DDP_WORKER.parent))
+    try:
+        import _torchrun_ddp_padding as job
+    finally:
+        sys.path.remove(str(DDP_WORKER.parent))
+    from infinibatch_like.torch import pad_batch
+
+    proc = torchrun(2, "ddp", tmp_path, worker=DDP_WORKER)
+    assert proc.returncode == 0, proc.stdout
+    ranks = results(tmp_path, "ddp", 2, proc)
+    # rank 0 has 2 batches, rank 1 has 4: rank 0 pads twice, and both run 4 steps
+    assert [rank["counts"] for rank in ranks] == [
+        {"real": 2, "padded": 2, "dropped": 0},
+        {"real": 4, "padded": 0, "dropped": 0},
+    ]
+    assert [[batch is None for batch in rank["trained"]] for rank in ranks] == [
+        [False, False, True, True],
+        [False, False, False, False],
+    ]
+    assert ranks[0]["weights"] == ranks[1]["weights"]
+    # The same updates in one process, from the real batches alone: each step's gradient
+    # is the sum of the real batches' gradients over the number of ranks (DDP's average,
+    # with the padding rank's gradient exactly zero).
+    torch.manual_seed(0)
+    model = job.TinyModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        optimizer.zero_grad()
+        real = [rank["trained"][step] for rank in ranks if rank["trained"][step] is not None]
+        for batch in real:
+            loss = job.loss_of(model, pad_batch(batch, to="torch", pad_value=job.PAD)) / 2
+            loss.backward()
+        optimizer.step()
+    for name, value in model.state_dict().items():
+        assert torch.allclose(torch.tensor(ranks[0]["weights"][name]), value, atol=1e-6), name
 
 
 # -- elastic jobs: killed mid-pass, resumed on another number of ranks -----------------------

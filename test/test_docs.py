@@ -7,6 +7,9 @@
 - every ``python`` code block of the pages written for this site runs: the untitled blocks
   of a page in order, as one script (a reader's session), and each block with a
   ``title="name.py"`` on its own, as a standalone script;
+- those scripts, the README's example and the tutorials pass ``mypy --strict`` (one run
+  over all of them, with the package's settings and cache): what a reader copies
+  type-checks as written;
 - every docstring of the package parses as a Google-style docstring without warnings
   (the site build leaves those to this test, so that it can name the object).
 """
@@ -148,9 +151,9 @@ FENCE = re.compile(r"^```python(?P<attrs>[^\n]*)\n(?P<code>.*?)^```[ \t]*$", re.
 TITLE = re.compile(r'title="(?P<name>[\w.-]+\.py)"')
 
 
-def python_blocks(page: str) -> list[tuple[str | None, int, str]]:
+def python_blocks(page: str, root: Path = DOCS) -> list[tuple[str | None, int, str]]:
     """(title or None, line number, code) of each top-level ```python block of a page."""
-    text = (DOCS / page).read_text(encoding="utf-8")
+    text = (root / page).read_text(encoding="utf-8")
     blocks = []
     for match in FENCE.finditer(text):
         title = TITLE.search(match.group("attrs"))
@@ -191,6 +194,101 @@ def test_examples_run(page: str, tmp_path: Path) -> None:
         path = tmp_path / title
         path.write_text(code, encoding="utf-8")
         run_script(path, tmp_path)
+
+
+# -- the examples type-check ----------------------------------------------------------------
+
+# Names that a page's examples use without defining them (fragments of a reader's own
+# script): declared here with the types a reader's code would give them.
+PREAMBLES = {
+    "README.md": """
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+chunk_refs: list[str]
+read_chunk_fn: Callable[[str], list[Any]]  # e.g. parsed JSON records
+world_size: int
+rank: int
+model: torch.nn.Module
+path: str
+def train_step(batch: list[Any]) -> None: ...
+""",
+}
+
+
+def typed_modules(out: Path) -> dict[Path, list[tuple[int, str, int]]]:
+    """Write every example as a module under `out`; for each, where its lines come from:
+    (first line in the module, source file, its line there), in order."""
+    modules: dict[Path, list[tuple[int, str, int]]] = {}
+
+    def write(name: str, parts: list[tuple[str, int, str]]) -> None:
+        path = out / (re.sub(r"\W", "_", name) + ".py")
+        lines: list[str] = []
+        origins: list[tuple[int, str, int]] = []
+        for source, line, code in parts:
+            origins.append((len(lines) + 1, source, line))
+            lines.extend(code.splitlines())
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        modules[path] = origins
+
+    pages = [(page, DOCS, f"docs/{page}") for page in RUNNABLE_PAGES]
+    pages += [("README.md", REPO, "README.md"), ("api/index.md", DOCS, "docs/api/index.md")]
+    for page, root, shown in pages:
+        blocks = python_blocks(page, root)
+        preamble = PREAMBLES.get(page)
+        session = [(shown, line, code) for title, line, code in blocks if title is None]
+        if preamble is not None:
+            session.insert(0, ("the preamble of " + shown + " in test_docs.py", 0, preamble))
+        if session:
+            write(f"example {page}", session)
+        for title, line, code in blocks:
+            if title is not None:
+                write(f"example {page} {title}", [(shown, line, code)])
+    for tutorial in sorted((REPO / "tutorials").glob("*.py")):
+        name = f"tutorials/{tutorial.name}"
+        write(f"example {name}", [(name, 1, tutorial.read_text(encoding="utf-8"))])
+    return modules
+
+
+def where(path: Path, line: int, origins: list[tuple[int, str, int]]) -> str:
+    start, source, source_line = max(origin for origin in origins if origin[0] <= line)
+    return f"{source}:{source_line + line - start}"
+
+
+@pytest.mark.slow
+def test_examples_pass_mypy_strict() -> None:
+    # A fixed folder, so that mypy's cache (keyed by module) knows the modules' paths.
+    out = REPO / ".mypy_cache" / "doc-examples"
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("*.py"):
+        stale.unlink()
+    modules = typed_modules(out)
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "mypy", "--config-file", str(REPO / "setup.cfg")),
+            *("--cache-dir", str(REPO / ".mypy_cache"), "--no-error-summary"),
+            "--untyped-calls-exclude=torch",  # torch leaves some methods unannotated (backward)
+            *map(str, modules),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    errors = []
+    for message in result.stdout.splitlines():
+        found = re.match(r"(?P<file>[^:]+\.py):(?P<line>\d+): (?P<rest>.*)", message)
+        if found is None:
+            errors.append(message)
+            continue
+        path = Path(found["file"])
+        path = path if path.is_absolute() else REPO / path
+        origin = where(path, int(found["line"]), modules[path]) if path in modules else path
+        errors.append(f"{origin}: {found['rest']}")
+    assert not errors, "the examples do not pass mypy --strict:\n" + "\n".join(errors)
+    assert result.returncode == 0, result.stderr
 
 
 # -- the built site ------------------------------------------------------------------------

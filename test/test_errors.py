@@ -99,6 +99,69 @@ def test_foreign_state_names_the_path_to_the_stage() -> None:
     )
 
 
+def test_gathered_state_given_to_setstate_points_to_restore_state() -> None:
+    from infinibatch_like.distributed import gather_state
+
+    pipeline = it.MapIterator(native(), str)
+    next(pipeline)
+    gathered = gather_state(pipeline)
+    with pytest.raises(StateMismatchError) as caught:
+        it.MapIterator(native(), str).setstate(gathered)
+    assert str(caught.value) == (
+        "checkpoint does not fit this pipeline at MapIterator: this is every rank's state "
+        "gathered by gather_state(); restore it with "
+        "infinibatch_like.distributed.restore_state(pipeline, state), which gives each rank "
+        "its own"
+    )
+
+
+@pytest.mark.parametrize(("use_windowed", "stage", "own"), [
+    (False, "BlockwiseShuffleIterator", "block_size"),
+    (True, "BufferedShuffleIterator", "buffer_size"),
+])
+def test_changed_buffer_size_is_named_as_passed_to_chunked_dataset_iterator(
+    use_windowed: bool, stage: str, own: str
+) -> None:
+    def build(buffer_size: int) -> it.CheckpointableIterator[int]:
+        return chunked_dataset_iterator(
+            [[1, 2, 3], [4, 5]], list, buffer_size=buffer_size, seed=1,
+            use_windowed=use_windowed,
+        )
+
+    before = build(4)
+    next(before)
+    pickled = pickle.loads(pickle.dumps(build(5)))  # the labels survive pickling
+    for pipeline in (build(5), pickled):
+        with pytest.raises(StateMismatchError) as caught:
+            pipeline.setstate(before.getstate())
+        assert str(caught.value) == (
+            f"checkpoint does not fit this pipeline at {stage}: the checkpoint was taken with "
+            f"chunked_dataset_iterator's buffer_size=4, this pipeline has 5 ({stage}'s {own}); "
+            "this argument decides the stream and cannot change at a restart"
+        )
+    unlabelled = getattr(it, stage)(it.NativeCheckpointableIterator([1, 2]), 4, seed=0)
+    other = getattr(it, stage)(it.NativeCheckpointableIterator([1, 2]), 5, seed=0)
+    with pytest.raises(StateMismatchError, match=rf"taken with {own}=4, this stage has {own}=5"):
+        other.setstate(unlabelled.getstate())
+
+
+def test_changed_chunk_refs_are_named_as_passed_to_chunked_dataset_iterator() -> None:
+    training = chunked_dataset_iterator([[1, 2, 3], [4, 5]], list, buffer_size=4, seed=1)
+    other_refs = chunked_dataset_iterator([[1, 2, 3], [4, 6]], list, buffer_size=4, seed=1)
+    with pytest.raises(StateMismatchError, match=(
+        r"InfinitePermutationSourceIterator: the checkpoint was taken with "
+        r"chunked_dataset_iterator's chunk_refs='2 items #\w+', this pipeline has '2 items "
+        r"#\w+' \(InfinitePermutationSourceIterator's source_items\)"
+    )):
+        other_refs.setstate(training.getstate())
+    share = chunked_dataset_iterator([[1], [2], [3]], list, 1, train=False, shuffle=False)
+    other_share = chunked_dataset_iterator([[1], [2]], list, 1, train=False, shuffle=False)
+    with pytest.raises(StateMismatchError, match=(
+        r"taken with chunked_dataset_iterator's chunk_refs \(this rank's share\)='3 items"
+    )):
+        other_share.setstate(share.getstate())
+
+
 def test_state_with_wrong_field_type_is_refused() -> None:
     with pytest.raises(StateMismatchError, match="field 'consumed' has type bool, expected int"):
         native().setstate({"stage": "NativeCheckpointableIterator", "consumed": True})

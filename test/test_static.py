@@ -38,3 +38,11 @@ def test_mypy_strict() -> None:
     # Without arguments mypy reads setup.cfg: strict mode on the infinibatch_like package.
     proc = _tool("mypy", timeout=280)
     assert proc.returncode == 0, _explain(proc)
+
+
+@pytest.mark.slow
+def test_public_api_types_are_inferred_at_the_call_site() -> None:
+    # test/_typed_api.py holds assert_type checks: item types through chunked_dataset_iterator,
+    # pad_batch's result by `to` and `with_mask`, padder, ShardedIterator with a lambda.
+    proc = _tool("mypy", "test/_typed_api.py", timeout=280)
+    assert proc.returncode == 0, _explain(proc)

@@ -40,8 +40,11 @@ from infinibatch_like.iterators import (
 from infinibatch_like.torch import (
     CheckpointableDataset,
     PaddedArrays,
+    PaddedArraysNoMask,
     PaddedTensors,
+    PaddedTensorsNoMask,
     pad_batch,
+    padder,
     reader_identity,
 )
 
@@ -95,7 +98,7 @@ def evaluation_pipeline(instance_rank: int, num_instances: int) -> Checkpointabl
     return MapIterator(sequences, functools.partial(tagged, instance_rank))
 
 
-COLLATE = functools.partial(pad_batch, to="torch", pad_value=-1)
+COLLATE = padder(to="torch", pad_value=-1)
 STEPS, CUT = 14, 5
 
 
@@ -428,7 +431,8 @@ def test_truncating_and_fixed_width(items: list[list[int]], max_length: int, fix
 def test_tensors_equal_the_arrays(items: list[list[int]], with_mask: bool) -> None:
     arrays = pad_batch(items, pad_value=-1, with_mask=with_mask)
     tensors = pad_batch(items, pad_value=-1, with_mask=with_mask, to="torch")
-    assert isinstance(tensors, PaddedTensors)
+    assert isinstance(arrays, PaddedArrays if with_mask else PaddedArraysNoMask)
+    assert isinstance(tensors, PaddedTensors if with_mask else PaddedTensorsNoMask)
     assert tensors.values.dtype == torch.from_numpy(arrays.values).dtype  # int64 or float64
     assert tensors.values.tolist() == arrays.values.tolist()
     assert tensors.lengths.tolist() == arrays.lengths.tolist()
@@ -472,7 +476,8 @@ def test_integer_items_fit_narrower_integer_dtypes_when_in_range() -> None:
 @pytest.mark.parametrize(
     ("items", "options", "error", "message"),
     [
-        ([], {}, ValueError, "items is empty"),
+        ([], {}, ValueError, r"items is empty: .* make a batch of one pad item such as "
+         r"\[\[pad_value\]\] and weight its loss 0"),
         ("abc", {}, TypeError, "items must be a sequence"),
         ([[1, 2], [[1], [2, 3]]], {}, ValueError, r"items\[1\] cannot be read as a rectangular"),
         ([[1], ["a", "b"]], {}, TypeError, r"items\[1\] must hold numbers"),
@@ -495,6 +500,39 @@ def test_integer_items_fit_narrower_integer_dtypes_when_in_range() -> None:
 def test_bad_input_is_named(items: Any, options: dict[str, Any], error: type, message: str) -> None:
     with pytest.raises(error, match=message):
         pad_batch(items, **options)
+
+
+def test_padder_is_pad_batch_with_fixed_options() -> None:
+    items = [[3, 4, 5], [6]]
+    collate = pickle.loads(pickle.dumps(padder(to="torch", pad_value=-1, with_mask=False)))
+    batch = collate(items)
+    assert isinstance(batch, PaddedTensorsNoMask)
+    assert batch.values.tolist() == [[3, 4, 5], [6, -1, -1]]
+    assert batch.mask is None
+    moved = batch.to("cpu")
+    assert isinstance(moved, PaddedTensorsNoMask)
+    assert moved.lengths.tolist() == [3, 1]
+    assert moved.mask is None
+    padded = padder(padding="max_length", max_length=4)(items)
+    assert isinstance(padded, PaddedArrays)
+    assert padded.mask.tolist() == [[True, True, True, False], [True, False, False, False]]
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"to": "jax"}, ValueError, "padder: to must be 'numpy' or 'torch', got 'jax'"),
+        ({"pad_value": "0"}, TypeError, "padder: pad_value must be an int, float or bool"),
+        ({"padding": "max_length"}, ValueError, "padder: padding='max_length' needs max_length"),
+        ({"max_length": 0}, ValueError, "padder: max_length must be >= 1, got 0"),
+        ({"pad_valu": 0}, TypeError, r"padder: unknown options \['pad_valu'\]"),
+    ],
+)
+def test_padder_refuses_bad_options_at_once(
+    options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        padder(**options)
 
 
 def test_padding_as_collate_fn_in_worker_processes() -> None:

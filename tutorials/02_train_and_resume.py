@@ -48,7 +48,7 @@ from infinibatch_like.iterators import (
     CheckpointableIterator,
     MapIterator,
 )
-from infinibatch_like.torch import CheckpointableDataset, PaddedTensors, pad_batch
+from infinibatch_like.torch import CheckpointableDataset, PaddedTensors, padder
 
 STEPS = 40  # length of the whole training run
 CHECKPOINT_EVERY = 10  # save model + optimizer + data every 10 steps
@@ -131,8 +131,9 @@ def make_id_batches(
     )
 
 
-# The collation step, as a picklable function (DataLoader workers may need to pickle it).
-to_tensors = functools.partial(pad_batch, to="torch", pad_value=PAD)
+# The collation step: pad_batch with fixed options, as a picklable function (DataLoader
+# workers may need to pickle it) that type checkers know returns PaddedTensors.
+to_tensors = padder(to="torch", pad_value=PAD)
 
 
 def make_pipeline(chunk_paths: list[str]) -> CheckpointableIterator[PaddedTensors]:

@@ -1,4 +1,5 @@
-"""PyTorch adapters: `CheckpointableDataset` for DataLoaders, `pad_batch` for collation.
+"""PyTorch adapters: `CheckpointableDataset` for DataLoaders, `pad_batch` (and its typed
+partial, `padder`) for collation.
 
 ``import infinibatch_like`` never imports torch, and importing this subpackage imports
 neither torch nor numpy: torch is imported when `CheckpointableDataset` is first used,
@@ -11,24 +12,46 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .collate import PaddedArrays, PaddedTensors, PadValue, pad_batch
+    from .collate import (
+        PaddedArrays,
+        PaddedArraysNoMask,
+        PaddedTensors,
+        PaddedTensorsNoMask,
+        PadOptions,
+        PadValue,
+        pad_batch,
+        padder,
+    )
     from .dataset import CheckpointableDataset, PipelineFactory, reader_identity
     from .loader_state import resize_loader_state
 
 __all__ = [
     "CheckpointableDataset",
+    "PadOptions",
     "PadValue",
     "PaddedArrays",
+    "PaddedArraysNoMask",
     "PaddedTensors",
+    "PaddedTensorsNoMask",
     "PipelineFactory",
     "pad_batch",
+    "padder",
     "reader_identity",
     "resize_loader_state",
 ]
 
 _NEEDS_TORCH = {"CheckpointableDataset", "PipelineFactory", "reader_identity"}
 _LOADER_STATE = {"resize_loader_state"}
-_NEEDS_NUMPY = {"PadValue", "PaddedArrays", "PaddedTensors", "pad_batch"}
+_NEEDS_NUMPY = {
+    "PadOptions",
+    "PadValue",
+    "PaddedArrays",
+    "PaddedArraysNoMask",
+    "PaddedTensors",
+    "PaddedTensorsNoMask",
+    "pad_batch",
+    "padder",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -6,8 +6,9 @@ where torch is not installed. numpy comes with the ``torch`` extra.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypedDict, overload
 
 from .._base import require_int
 from .._extras import missing_extra
@@ -20,6 +21,7 @@ except ModuleNotFoundError as error:  # pragma: no cover - exercised in a subpro
 
 if TYPE_CHECKING:
     import torch
+    from typing_extensions import Unpack
 
 PadValue = int | float | bool
 """A pad value: it must be representable in the result's dtype."""
@@ -30,22 +32,30 @@ _KIND_RANK = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
 
 
 class PaddedArrays(NamedTuple):
-    """A padded batch as numpy arrays.
+    """A padded batch as numpy arrays, with its mask (``with_mask=True``, the default).
 
     Attributes:
         values: shape ``(batch, length, *item_shape)``; row i holds item i, then pad values.
         lengths: shape ``(batch,)``, int64: the length of each item (after truncation).
-        mask: shape ``(batch, length)``, bool, True where `values` holds an item's element;
-            None if not requested.
+        mask: shape ``(batch, length)``, bool, True where `values` holds an item's element.
     """
 
     values: npt.NDArray[Any]
     lengths: npt.NDArray[np.int64]
-    mask: npt.NDArray[np.bool_] | None
+    mask: npt.NDArray[np.bool_]
+
+
+class PaddedArraysNoMask(NamedTuple):
+    """A padded batch as numpy arrays, without a mask (``with_mask=False``): as
+    `PaddedArrays`, with `mask` None."""
+
+    values: npt.NDArray[Any]
+    lengths: npt.NDArray[np.int64]
+    mask: None
 
 
 class PaddedTensors(NamedTuple):
-    """A padded batch as CPU torch tensors, laid out as `PaddedArrays`.
+    """A padded batch as CPU torch tensors, laid out as `PaddedArrays` (with its mask).
 
     The tensors are contiguous and may be pinned: ``DataLoader(..., pin_memory=True)``
     pins all three through `pin_memory`.
@@ -53,34 +63,63 @@ class PaddedTensors(NamedTuple):
 
     values: torch.Tensor
     lengths: torch.Tensor
-    mask: torch.Tensor | None
+    mask: torch.Tensor
 
     def pin_memory(self) -> PaddedTensors:
         """The same batch in page-locked memory (needs an accelerator)."""
-        return self._map(lambda tensor: tensor.pin_memory())
+        return PaddedTensors(*map(_pinned, self))
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PaddedTensors:
         """The same batch on `device`, e.g. ``batch.to("cuda", non_blocking=True)``."""
-        return self._map(lambda tensor: tensor.to(device, non_blocking=non_blocking))
+        return PaddedTensors(*map(_mover(device, non_blocking), self))
 
-    def _map(self, move: Callable[[torch.Tensor], torch.Tensor]) -> PaddedTensors:
-        mask = self.mask
-        return PaddedTensors(
-            move(self.values), move(self.lengths), None if mask is None else move(mask)
-        )
+
+class PaddedTensorsNoMask(NamedTuple):
+    """A padded batch as CPU torch tensors, without a mask (``with_mask=False``): as
+    `PaddedTensors`, with `mask` None."""
+
+    values: torch.Tensor
+    lengths: torch.Tensor
+    mask: None
+
+    def pin_memory(self) -> PaddedTensorsNoMask:
+        """The same batch in page-locked memory (needs an accelerator)."""
+        return PaddedTensorsNoMask(_pinned(self.values), _pinned(self.lengths), None)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> PaddedTensorsNoMask:
+        """The same batch on `device`, e.g. ``batch.to("cuda", non_blocking=True)``."""
+        move = _mover(device, non_blocking)
+        return PaddedTensorsNoMask(move(self.values), move(self.lengths), None)
+
+
+def _pinned(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.pin_memory()
+
+
+def _mover(
+    device: torch.device | str, non_blocking: bool
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda tensor: tensor.to(device, non_blocking=non_blocking)
+
+
+class PadOptions(TypedDict, total=False):
+    """The options of `pad_batch` and `padder` besides `to`, `dtype` and `with_mask` (see
+    `pad_batch`), for typing wrappers: ``**options: Unpack[PadOptions]``."""
+
+    pad_value: PadValue
+    padding: Literal["longest", "max_length"]
+    max_length: int | None
+    truncate: bool
 
 
 @overload
 def pad_batch(
     items: Sequence[Any],
     *,
-    pad_value: PadValue = 0,
-    dtype: npt.DTypeLike | None = None,
     to: Literal["numpy"] = "numpy",
-    padding: Literal["longest", "max_length"] = "longest",
-    max_length: int | None = None,
-    truncate: bool = False,
-    with_mask: bool = True,
+    dtype: npt.DTypeLike | None = None,
+    with_mask: Literal[True] = True,
+    **options: Unpack[PadOptions],
 ) -> PaddedArrays: ...
 
 
@@ -88,14 +127,55 @@ def pad_batch(
 def pad_batch(
     items: Sequence[Any],
     *,
-    pad_value: PadValue = 0,
-    dtype: torch.dtype | None = None,
+    to: Literal["numpy"] = "numpy",
+    dtype: npt.DTypeLike | None = None,
+    with_mask: Literal[False],
+    **options: Unpack[PadOptions],
+) -> PaddedArraysNoMask: ...
+
+
+@overload
+def pad_batch(
+    items: Sequence[Any],
+    *,
+    to: Literal["numpy"] = "numpy",
+    dtype: npt.DTypeLike | None = None,
+    with_mask: bool,
+    **options: Unpack[PadOptions],
+) -> PaddedArrays | PaddedArraysNoMask: ...
+
+
+@overload
+def pad_batch(
+    items: Sequence[Any],
+    *,
     to: Literal["torch"],
-    padding: Literal["longest", "max_length"] = "longest",
-    max_length: int | None = None,
-    truncate: bool = False,
-    with_mask: bool = True,
+    dtype: torch.dtype | None = None,
+    with_mask: Literal[True] = True,
+    **options: Unpack[PadOptions],
 ) -> PaddedTensors: ...
+
+
+@overload
+def pad_batch(
+    items: Sequence[Any],
+    *,
+    to: Literal["torch"],
+    dtype: torch.dtype | None = None,
+    with_mask: Literal[False],
+    **options: Unpack[PadOptions],
+) -> PaddedTensorsNoMask: ...
+
+
+@overload
+def pad_batch(
+    items: Sequence[Any],
+    *,
+    to: Literal["torch"],
+    dtype: torch.dtype | None = None,
+    with_mask: bool,
+    **options: Unpack[PadOptions],
+) -> PaddedTensors | PaddedTensorsNoMask: ...
 
 
 def pad_batch(
@@ -108,7 +188,7 @@ def pad_batch(
     max_length: int | None = None,
     truncate: bool = False,
     with_mask: bool = True,
-) -> PaddedArrays | PaddedTensors:
+) -> PaddedArrays | PaddedArraysNoMask | PaddedTensors | PaddedTensorsNoMask:
     """Pad variable-length items to one length and stack them, with lengths and a mask.
 
     Each item is a sequence of numbers (a list, a 1-D numpy array or CPU tensor), or an
@@ -135,7 +215,11 @@ def pad_batch(
         with_mask: also return the boolean mask (the lengths are always returned).
 
     Returns:
-        `PaddedArrays` or `PaddedTensors`: ``(values, lengths, mask)``.
+        ``(values, lengths, mask)``: `PaddedArrays` for ``to="numpy"``, `PaddedTensors`
+        for ``to="torch"``; with ``with_mask=False``, `PaddedArraysNoMask` or
+        `PaddedTensorsNoMask`, whose `mask` is None. (mypy types a
+        ``functools.partial`` of an overloaded function by its first overload, as numpy
+        arrays: for a typed ``collate_fn`` or transform, use `padder`.)
 
     Raises:
         ValueError: for an empty batch, an item that is ragged inside, has no length
@@ -145,11 +229,7 @@ def pad_batch(
         TypeError: for an item that is not numeric, or that `dtype` cannot hold without
             losing meaning (floats into an integer dtype), or a `dtype` of the wrong kind.
     """
-    if to not in ("numpy", "torch"):
-        raise ValueError(f"pad_batch: to must be 'numpy' or 'torch', got {to!r}")
-    width = _padded_width_option(padding, max_length)
-    if not isinstance(pad_value, (int, float)):
-        raise TypeError(f"pad_batch: pad_value must be an int, float or bool, got {pad_value!r}")
+    width = _checked_options("pad_batch", to, pad_value, padding, max_length)
     arrays = _item_arrays(items)
     lengths = np.array([len(array) for array in arrays], dtype=np.int64)
     if max_length is not None and int(lengths.max()) > max_length:
@@ -170,28 +250,121 @@ def pad_batch(
             values[row, :length] = _checked_cast(array[:length], staging, row)
     mask = np.arange(width) < lengths[:, None] if with_mask else None
     if to == "numpy":
+        if mask is None:
+            return PaddedArraysNoMask(values, lengths, None)
         return PaddedArrays(values, lengths, mask)
-    return _as_tensors(values, lengths, mask, final)
+    tensor_values, tensor_lengths, tensor_mask = _as_tensors(values, lengths, mask, final)
+    if tensor_mask is None:
+        return PaddedTensorsNoMask(tensor_values, tensor_lengths, None)
+    return PaddedTensors(tensor_values, tensor_lengths, tensor_mask)
 
 
-def _padded_width_option(padding: str, max_length: int | None) -> int | None:
-    """Validate `padding` and `max_length`; the fixed width if ``padding="max_length"``."""
+def _checked_options(
+    owner: str, to: str, pad_value: object, padding: str, max_length: int | None
+) -> int | None:
+    """Validate the options that do not depend on the items; the fixed width if
+    ``padding="max_length"``."""
+    if to not in ("numpy", "torch"):
+        raise ValueError(f"{owner}: to must be 'numpy' or 'torch', got {to!r}")
+    if not isinstance(pad_value, (int, float)):
+        raise TypeError(f"{owner}: pad_value must be an int, float or bool, got {pad_value!r}")
     if max_length is not None:
-        require_int("pad_batch", "max_length", max_length, 1)
+        require_int(owner, "max_length", max_length, 1)
     if padding == "longest":
         return None
     if padding == "max_length":
         if max_length is None:
-            raise ValueError("pad_batch: padding='max_length' needs max_length")
+            raise ValueError(f"{owner}: padding='max_length' needs max_length")
         return max_length
-    raise ValueError(f"pad_batch: padding must be 'longest' or 'max_length', got {padding!r}")
+    raise ValueError(f"{owner}: padding must be 'longest' or 'max_length', got {padding!r}")
+
+
+@overload
+def padder(
+    *,
+    to: Literal["numpy"] = "numpy",
+    dtype: npt.DTypeLike | None = None,
+    with_mask: Literal[True] = True,
+    **options: Unpack[PadOptions],
+) -> Callable[[Sequence[Any]], PaddedArrays]: ...
+
+
+@overload
+def padder(
+    *,
+    to: Literal["numpy"] = "numpy",
+    dtype: npt.DTypeLike | None = None,
+    with_mask: Literal[False],
+    **options: Unpack[PadOptions],
+) -> Callable[[Sequence[Any]], PaddedArraysNoMask]: ...
+
+
+@overload
+def padder(
+    *,
+    to: Literal["torch"],
+    dtype: torch.dtype | None = None,
+    with_mask: Literal[True] = True,
+    **options: Unpack[PadOptions],
+) -> Callable[[Sequence[Any]], PaddedTensors]: ...
+
+
+@overload
+def padder(
+    *,
+    to: Literal["torch"],
+    dtype: torch.dtype | None = None,
+    with_mask: Literal[False],
+    **options: Unpack[PadOptions],
+) -> Callable[[Sequence[Any]], PaddedTensorsNoMask]: ...
+
+
+def padder(
+    *,
+    to: Literal["numpy", "torch"] = "numpy",
+    dtype: Any = None,
+    with_mask: bool = True,
+    **options: Any,
+) -> Callable[[Sequence[Any]], Any]:
+    """`pad_batch` with its options fixed, typed by them: a ``collate_fn`` or transform.
+
+    ``MapIterator(batches, padder(to="torch", pad_value=0))`` is typed as a MapIterator
+    of `PaddedTensors` (mypy types ``functools.partial(pad_batch, to="torch")`` by
+    pad_batch's first overload, as numpy arrays). The result is a ``functools.partial``,
+    so it pickles for workers started with ``spawn``.
+
+    Args:
+        to: as in `pad_batch`.
+        dtype: as in `pad_batch`.
+        with_mask: as in `pad_batch`.
+        **options: the other options of `pad_batch` (`PadOptions`).
+
+    Raises:
+        ValueError, TypeError: for a bad `to`, `pad_value`, `padding` or `max_length`
+            (at once), or an unknown option.
+    """
+    unknown = sorted(set(options) - set(PadOptions.__annotations__))
+    if unknown:
+        raise TypeError(f"padder: unknown options {unknown}; see pad_batch's arguments")
+    _checked_options(
+        "padder",
+        to,
+        options.get("pad_value", 0),
+        options.get("padding", "longest"),
+        options.get("max_length"),
+    )
+    return functools.partial(pad_batch, to=to, dtype=dtype, with_mask=with_mask, **options)
 
 
 def _item_arrays(items: Sequence[Any]) -> list[npt.NDArray[Any]]:
     if isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
         raise TypeError(f"pad_batch: items must be a sequence of items, got {items!r:.80}")
     if not items:
-        raise ValueError("pad_batch: items is empty: a batch needs at least one item")
+        raise ValueError(
+            "pad_batch: items is empty: a batch needs at least one item (for a padding step, "
+            "e.g. an EqualLengthIterator's fill, make a batch of one pad item such as "
+            "[[pad_value]] and weight its loss 0)"
+        )
     arrays = []
     for index, item in enumerate(items):
         try:
@@ -287,11 +460,11 @@ def _as_tensors(
     lengths: npt.NDArray[np.int64],
     mask: npt.NDArray[np.bool_] | None,
     final: torch.dtype | None,
-) -> PaddedTensors:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     import torch
 
     tensor = torch.from_numpy(values)
-    return PaddedTensors(
+    return (
         tensor if final is None else tensor.to(final),
         torch.from_numpy(lengths),
         None if mask is None else torch.from_numpy(mask),
