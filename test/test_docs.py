@@ -203,17 +203,16 @@ def test_examples_run(page: str, tmp_path: Path) -> None:
 PREAMBLES = {
     "README.md": """
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 chunk_refs: list[str]
-read_chunk_fn: Callable[[str], list[Any]]  # e.g. parsed JSON records
+read_chunk_fn: Callable[[str], list[str]]  # e.g. the lines of a text chunk
 world_size: int
 rank: int
 model: torch.nn.Module
 path: str
-def train_step(batch: list[Any]) -> None: ...
+def train_step(batch: list[str]) -> None: ...
 """,
 }
 
