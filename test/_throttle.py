@@ -18,7 +18,7 @@ from typing import Any
 
 from _s3 import _relay
 
-SLICE = 1 << 14
+SLICE = 1 << 16
 """Bytes written at a time (the pacing step)."""
 
 

@@ -46,9 +46,10 @@ class ChunkCache:
         return os.path.join(self.directory, PREFIX + digest)
 
     def open(self, path: str, size: int) -> BinaryIO | None:
-        """The cached file at `path` (marked as used now), or None if it is not there."""
+        """The cached file at `path` (unbuffered, marked as used now), or None if it is not
+        there."""
         try:
-            file = open(path, "rb")  # noqa: SIM115 - the caller's stream
+            file = open(path, "rb", buffering=0)  # noqa: SIM115 - the caller's stream
         except OSError:
             count("cache_misses")
             return None
