@@ -258,3 +258,17 @@ def test_a_writer_killed_mid_object_leaves_no_partial_entry(
         with open_chunk(ref, storage_options=options(fast, tmp_path)) as stream:
             assert stream.read() == data
         assert fast.gets() == 0
+
+
+def test_an_object_not_read_to_its_end_is_not_kept(
+    s3: S3Bucket, proxy: ThrottlingProxy, tmp_path: Path
+) -> None:
+    ref = s3.put("half.txt", text(5, 2000))
+    stream = open_chunk(ref, storage_options=options(proxy, tmp_path, ranges_in_flight=1))
+    assert stream.read(100) == text(5, 2000)[:100]
+    stream.close()
+    dropped = open_chunk(ref, storage_options=options(proxy, tmp_path))
+    dropped.read(100)
+    del dropped  # collected without close
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(PREFIX)] == []
+    assert storage_counts()["cache_misses"] == 2
