@@ -300,3 +300,29 @@ def test_fetch_options_travel_in_a_partial_to_a_reader(s3: S3Bucket) -> None:
     reader_fn = functools.partial(read_lines, storage_options={"infinibatch_like": fetch})
     assert "\n".join(reader_fn(url)) + "\n" == data.decode()
     assert storage_counts()["requests"] == -(-len(data) // 50_000)
+
+
+def test_a_stream_read_in_a_forked_child_fails_at_once_rather_than_hang() -> None:
+    stream = reader(FakeStore(bytes(10_000)), 100, 4)
+    assert stream.read(50) == bytes(50)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its copy of the stream has no threads
+        try:
+            stream.read(100)
+            stream.read(100)
+            os.write(write_end, b"read without an error")
+        except ChunkReadError as error:
+            os.write(write_end, str(error).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as answer:
+        message = answer.read().decode()
+    os.waitpid(pid, 0)
+    assert message == (
+        f"s3://b/object: this stream was opened in process {os.getpid()} and cannot be read "
+        "in a forked child; open the chunk again in this process"
+    )
+    assert stream.read(100) == bytes(50)  # the parent's goes on
+    stream.close()

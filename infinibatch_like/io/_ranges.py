@@ -11,6 +11,7 @@ dropped without `close` is collected, and its finalizer stops them, as `close` d
 from __future__ import annotations
 
 import io
+import os
 import queue
 import threading
 import weakref
@@ -169,6 +170,7 @@ class RangeReader(io.RawIOBase):
         self._fetch_one = partial(fetch_range, fetch, ref, policy, self._stop, expired)
         self._tasks: queue.SimpleQueue[_Range | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._pid = os.getpid()
         self._finalizer = weakref.finalize(
             self, _shut_down, self._stop, self._tasks, self._threads, sink, release
         )
@@ -216,6 +218,11 @@ class RangeReader(io.RawIOBase):
             sink.commit()
 
     def _take_fetched(self) -> bytes:
+        if os.getpid() != self._pid:  # its threads did not come along: never wait for them
+            raise ChunkReadError(
+                f"{self._ref}: this stream was opened in process {self._pid} and cannot be "
+                "read in a forked child; open the chunk again in this process"
+            )
         self._submit()
         task = self._pending.popleft()
         while not task.done.wait(POLL_S):
