@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from typing import Any
 import pytest
 from _throttle import ThrottlingProxy
 from conftest import S3Bucket
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.io import (
@@ -28,7 +31,7 @@ from infinibatch_like.io import (
     reset_storage_counts,
     storage_counts,
 )
-from infinibatch_like.io._cache import PREFIX, TMP
+from infinibatch_like.io._cache import PREFIX, TMP, ChunkCache
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -272,3 +275,33 @@ def test_an_object_not_read_to_its_end_is_not_kept(
     del dropped  # collected without close
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(PREFIX)] == []
     assert storage_counts()["cache_misses"] == 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    limit=st.integers(1, 400),
+    reads=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 150)), max_size=25),
+)
+def test_the_cache_stays_under_its_limit_and_serves_exact_bytes(
+    limit: int, reads: list[tuple[int, int]]
+) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        cache = ChunkCache(directory, limit)
+        for key, size in reads:
+            data = bytes([key]) * size
+            path = cache.path(f"s3://b/{key}", f'"etag-{key}"', size)
+            cached = cache.open(path, size)
+            if cached is not None:
+                with cached:
+                    assert cached.read() == data
+                continue
+            writer = cache.writer(path, size)
+            if writer is None:
+                assert size > limit
+                continue
+            writer.write(data[: size // 2])
+            writer.write(data[size // 2 :])
+            writer.commit()
+            assert sum(cached_files(Path(directory)).values()) <= limit
+            assert cached_files(Path(directory)).get(os.path.basename(path)) == size
+        assert not [name for name in os.listdir(directory) if TMP in name]
