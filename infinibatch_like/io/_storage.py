@@ -176,9 +176,11 @@ def _expired(
 
 
 class RemoteRaw(io.RawIOBase):
-    """A remote object's bytes; a transient failure, on opening or in the middle, re-opens
-    the object and goes on at the same byte (after the retry policy's wait), so that no byte
-    is lost or repeated. A re-opened object must have the size and ETag it had at first."""
+    """The bytes of a remote object whose fsspec file cannot fetch byte ranges (``file://``,
+    ``memory://``), from `file`, its first opening; a transient failure in the middle
+    re-opens the object and goes on at the same byte (after the retry policy's wait), so
+    that no byte is lost or repeated. A re-opened object must have the size and ETag it had
+    at first."""
 
     def __init__(self, fs: Any, path: str, ref: str, policy: RetryPolicy | None, file: Any) -> None:
         self._fs, self._path, self._ref, self._policy = fs, path, ref, policy
