@@ -230,8 +230,11 @@ class RangeReader(io.RawIOBase):
         self._submit()
         if task.error is not None:
             error = task.error
-            add_note(error, f"(raised in a {THREAD_NAME} thread, fetching bytes "
-                            f"{task.start}-{task.end - 1} of {self._ref})")
+            add_note(
+                error,
+                f"(raised in the thread {THREAD_NAME} fetching bytes "
+                f"{task.start}-{task.end - 1} of {self._ref})",
+            )
             raise error
         return task.data
 
