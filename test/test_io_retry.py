@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import errno
+import hashlib
+import io
 from collections.abc import Iterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -18,7 +21,10 @@ from infinibatch_like.io import (
     retry_counts,
 )
 from infinibatch_like.io import retry as retry_module
+from infinibatch_like.io._storage import RemoteRaw
 from infinibatch_like.io.retry import call_with_retries, transient_cause
+
+FAST = RetryPolicy(tries=4, first_delay=0.01, max_delay=0.05)
 
 
 def client_error(code: str, status: int) -> ClientError:
@@ -131,3 +137,57 @@ def test_other_errors_fail_at_once(sleeps: list[float], error, kind, message) ->
 def test_retry_policy_refuses_bad_arguments(arguments, message) -> None:
     with pytest.raises(ValueError, match=message):
         RetryPolicy(**arguments)
+
+
+class _Breaking(io.RawIOBase):
+    """A file without byte ranges (as ``memory://`` files) that resets once, after
+    `cut` bytes, if `breaks` holds a count."""
+
+    def __init__(self, data: bytes, start: int, breaks: list[int], cut: int) -> None:
+        self._data, self._position, self._breaks, self._cut = data, start, breaks, cut
+        self.details = {"size": len(data), "ETag": hashlib.md5(data).hexdigest()}
+
+    def readable(self) -> bool:
+        return True
+
+    def seek(self, position: int, whence: int = 0) -> int:
+        self._position = position
+        return position
+
+    def readinto(self, buffer: Any) -> int:
+        if self._breaks and self._position >= self._cut:
+            self._breaks.pop()
+            raise ConnectionResetError("reset by peer")
+        piece = self._data[self._position : self._position + min(len(buffer), 1000)]
+        buffer[: len(piece)] = piece
+        self._position += len(piece)
+        return len(piece)
+
+
+class _Store:
+    """An fsspec-like file system of one object (`versions[-1]`), whose files break."""
+
+    def __init__(self, versions: list[bytes], breaks: int, cut: int) -> None:
+        self.versions, self.breaks, self.cut = versions, [1] * breaks, cut
+
+    def open(self, path: str, mode: str) -> _Breaking:
+        return _Breaking(self.versions[-1], 0, self.breaks, self.cut)
+
+
+def test_a_file_without_ranges_is_reopened_at_the_byte_it_failed(
+    sleeps: list[float],
+) -> None:
+    data = bytes(range(256)) * 40
+    store = _Store([data], breaks=2, cut=5000)
+    raw = RemoteRaw(store, "k", "x://k", FAST, store.open("k", "rb"))
+    assert b"".join(iter(lambda: raw.read(700), b"")) == data
+    assert retry_counts() == {"ConnectionResetError": 2}
+
+
+def test_a_file_without_ranges_that_changed_is_not_spliced(sleeps: list[float]) -> None:
+    store = _Store([b"a" * 9000], breaks=1, cut=5000)
+    raw = RemoteRaw(store, "k", "x://k", FAST, store.open("k", "rb"))
+    assert [raw.read(5000) for _ in range(5)] == [b"a" * 1000] * 5
+    store.versions.append(b"b" * 9000)
+    with pytest.raises(ChunkReadError, match=r"x://k changed while it was being read"):
+        raw.read(1000)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import S3Bucket
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_restore_cost import Counter
@@ -19,6 +21,8 @@ import infinibatch_like.iterators as it
 from infinibatch_like import stats
 from infinibatch_like._base import Stage
 from infinibatch_like._probe import walk
+from infinibatch_like.datasets import chunked_dataset_iterator
+from infinibatch_like.io import read_lines
 from infinibatch_like.testing import assert_checkpointable
 
 SLOW_S = 0.002
@@ -640,3 +644,36 @@ def test_gauges_of_a_parallel_map_in_a_worker_process(start_method: str) -> None
         entry = entry_of(pipeline, "ParallelMapIterator")
     assert (entry["queue_fill"], entry["in_flight"]) == (0.0, 0)
     assert entry["worker_busy_s"] >= 80 * SLOW_S
+
+
+def test_report_and_flat_count_the_reads_from_an_object_store(
+    s3: S3Bucket, tmp_path: Path
+) -> None:
+    data = "".join(f"line {n}\n" for n in range(20000)).encode()
+    refs = [s3.put(f"stats/{i}.txt", data) for i in range(2)]
+    fetch = {"cache_dir": str(tmp_path), "range_size": 50_000, "ranges_from_size": 0}
+    reader = functools.partial(read_lines, storage_options={"infinibatch_like": fetch})
+    list(reader(refs[0]))  # before statistics are on: not counted
+    pipeline = chunked_dataset_iterator(refs * 2, reader, 10, train=False, shuffle=False)
+    stats.enable(pipeline)
+    assert stats.storage(pipeline) == {"requests": 0, "bytes": 0, "cache_hits": 0,
+                                       "cache_misses": 0, "cache_evicted": 0, "retries": 0}
+    assert len(list(pipeline)) == 4 * 20000
+    ranges = -(-len(data) // 50_000)
+    expected = {"requests": ranges, "bytes": len(data), "cache_hits": 3, "cache_misses": 1,
+                "cache_evicted": 0, "retries": 0}
+    assert stats.storage(pipeline) == expected
+    flat = stats.flat(pipeline)
+    assert {key: flat[f"data/storage/{key}"] for key in expected} == expected
+    last = stats.report(pipeline).splitlines()[-1]
+    assert last == (f"storage (this process): {ranges} GET requests, "
+                    f"{len(data) / 1e6:.1f} MB fetched, 0 retries; cache: 3 hits, 1 misses, "
+                    "0 evicted")
+
+
+def test_report_has_no_storage_line_without_remote_reads() -> None:
+    pipeline = it.MapIterator(it.NativeCheckpointableIterator(list(range(10))), add_one)
+    stats.enable(pipeline)
+    list(pipeline)
+    assert "storage" not in stats.report(pipeline)
+    assert stats.flat(pipeline)["data/storage/requests"] == 0.0

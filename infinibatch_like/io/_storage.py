@@ -7,23 +7,36 @@ configuration files) and from `storage_options`. For ``s3://`` the retries of s3
 file system's ``retries``) and of botocore (unless ``config_kwargs`` in `storage_options`
 sets ``retries``) are turned off, so that every retry is this package's: backoff with
 jitter, by `RetryPolicy`, counted in `retry_counts`.
+
+An object read through an fsspec buffered file (s3fs, gcsfs, adlfs, HTTP) is fetched in
+byte ranges by a `RangeReader` (concurrently for a large one) and kept in the local cache
+if one is configured, as `FetchOptions` (the storage option ``"infinibatch_like"`` or the
+environment) says.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 from collections.abc import Mapping
+from functools import partial
 from typing import Any, BinaryIO, cast
 
 from .._extras import missing_extra
+from ._cache import ChunkCache
+from ._ranges import RangeReader
 from .errors import ChunkReadError
+from .fetch_options import FetchOptions, fetch_options, without_fetch_options
 from .retry import RetryPolicy, call_with_retries, named_error
 
 StorageOptions = Mapping[str, Any]
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 _S3 = ("s3", "s3a")
+_S3_CONNECTIONS = 64
+"""botocore's connection pool for s3:// (its default, 10, would queue the ranges in flight
+of a few chunks read at once)."""
 _BUCKET_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
 """Protocols whose URLs start with a bucket (or container) name: ``s3://BUCKET/key``."""
 
@@ -49,10 +62,11 @@ def filesystem(ref: str, storage_options: StorageOptions | None) -> tuple[Any, s
         import fsspec
     except ImportError as error:
         raise missing_extra("fsspec", "remote", f"reading {protocol}:// URLs") from error
-    options = dict(storage_options or {})
+    options = without_fetch_options(storage_options)
     if protocol in _S3:
         config = dict(options.get("config_kwargs") or {})
         config.setdefault("retries", {"total_max_attempts": 1})  # botocore's: none
+        config.setdefault("max_pool_connections", _S3_CONNECTIONS)
         options["config_kwargs"] = config
     try:
         fs, path = fsspec.core.url_to_fs(ref, **options)
@@ -96,20 +110,83 @@ def open_raw(
             return open(ref, "rb")
         except OSError as error:
             raise named_error(error, ref, "opening") from error
+    options = fetch_options(storage_options)
     fs, path = filesystem(ref, storage_options)
-    return cast(BinaryIO, RemoteRaw(fs, path, ref, policy))
+    cache = None
+    if options.cache_dir is not None:
+        cache = ChunkCache(os.fspath(options.cache_dir), options.cache_size)
+        fs.invalidate_cache(path)  # the size and ETag now, not those of a listing
+    file = call_with_retries(lambda: fs.open(path, "rb"), ref, "opening", policy)
+    size = getattr(file, "size", None)
+    if not callable(getattr(file, "_fetch_range", None)) or not isinstance(size, int):
+        return cast(BinaryIO, RemoteRaw(fs, path, ref, policy, file))
+    try:
+        return _ranged(file, ref, size, options, cache, policy)
+    except BaseException:
+        file.close()
+        raise
+
+
+def _ranged(
+    file: Any,
+    ref: str,
+    size: int,
+    options: FetchOptions,
+    cache: ChunkCache | None,
+    policy: RetryPolicy | None,
+) -> BinaryIO:
+    """The bytes of the opened fsspec buffered `file`: from the cache if it holds them,
+    else fetched in ranges (passing through the cache)."""
+    version = _identity(file)[1]
+    sink = None
+    if cache is not None and version:
+        entry = cache.path(ref, str(version), size)
+        cached = cache.open(entry, size)
+        if cached is not None:
+            file.close()
+            return cached
+        sink = cache.writer(entry, size)
+    concurrent = options.ranges_in_flight > 0 and size >= options.ranges_from_size
+    # ``_fetch_range(start, end)`` is how every fsspec buffered file fetches bytes (its
+    # block caches call it); s3fs's sends If-Match with the ETag seen at opening.
+    return cast(
+        BinaryIO,
+        RangeReader(
+            file._fetch_range,
+            ref,
+            size,
+            range_size=options.range_size if concurrent else max(1, int(file.blocksize)),
+            in_flight=options.ranges_in_flight if concurrent else 0,
+            policy=policy,
+            expired=partial(_expired, ref, _identity(file)),
+            sink=sink,
+            release=file.close,
+        ),
+    )
+
+
+def _expired(
+    ref: str, identity: tuple[object, object], error: BaseException
+) -> ChunkReadError | None:
+    """The error for a range request refused because the object changed (s3fs's
+    ``FileExpired``: its If-Match failed), else None."""
+    if type(error).__name__ != "FileExpired":
+        return None
+    return _changed(ref, identity, "another ETag")
 
 
 class RemoteRaw(io.RawIOBase):
-    """A remote object's bytes; a transient failure, on opening or in the middle, re-opens
-    the object and goes on at the same byte (after the retry policy's wait), so that no byte
-    is lost or repeated. A re-opened object must have the size and ETag it had at first."""
+    """The bytes of a remote object whose fsspec file cannot fetch byte ranges (``file://``,
+    ``memory://``), from `file`, its first opening; a transient failure in the middle
+    re-opens the object and goes on at the same byte (after the retry policy's wait), so
+    that no byte is lost or repeated. A re-opened object must have the size and ETag it had
+    at first."""
 
-    def __init__(self, fs: Any, path: str, ref: str, policy: RetryPolicy | None) -> None:
+    def __init__(self, fs: Any, path: str, ref: str, policy: RetryPolicy | None, file: Any) -> None:
         self._fs, self._path, self._ref, self._policy = fs, path, ref, policy
         self._position = 0
-        self._file: Any = call_with_retries(self._open, ref, "opening", policy)
-        self._identity = _identity(self._file)
+        self._file: Any = file
+        self._identity = _identity(file)
 
     def readable(self) -> bool:
         return True
@@ -126,10 +203,7 @@ class RemoteRaw(io.RawIOBase):
             file = self._open()
             if _identity(file) != self._identity:
                 file.close()
-                raise ChunkReadError(
-                    f"{self._ref} changed while it was being read (size and ETag before: "
-                    f"{self._identity}, now: {_identity(file)}); read it again from its start"
-                )
+                raise _changed(self._ref, self._identity, _identity(file))
             file.seek(self._position)
             self._file = file
         try:
@@ -159,3 +233,10 @@ def _identity(file: Any) -> tuple[object, object]:
         return (getattr(file, "size", None), None)
     return (details.get("size"), details.get("ETag", details.get("etag")))
 
+
+
+def _changed(ref: str, before: tuple[object, object], now: object) -> ChunkReadError:
+    return ChunkReadError(
+        f"{ref} changed while it was being read (size and ETag before: {before}, now: "
+        f"{now}); read it again from its start"
+    )

@@ -127,7 +127,11 @@ def reset_retry_counts() -> None:
 
 
 def call_with_retries(
-    action: Callable[[], T], ref: str, doing: str, policy: RetryPolicy | None = None
+    action: Callable[[], T],
+    ref: str,
+    doing: str,
+    policy: RetryPolicy | None = None,
+    stop: threading.Event | None = None,
 ) -> T:
     """``action()``, tried again after each transient failure, up to ``policy.tries`` tries.
 
@@ -136,11 +140,14 @@ def call_with_retries(
         ref: the chunk, object or pattern it is about (named in logs and errors).
         doing: what it does, for messages (e.g. ``"reading"``).
         policy: the retry policy (`DEFAULT_RETRY` if None).
+        stop: an event that ends the wait before a retry, and the retries (its reader was
+            closed).
 
     Raises:
         ChunkNotFoundError, ChunkAccessError: at once, for a missing object or refused access.
         ChunkReadError: for another non-transient error (at once), or after the last try.
         ChunkError: an error that already names its chunk, unchanged.
+        ChunkReadError: when `stop` is set during a wait before a retry.
     """
     policy = DEFAULT_RETRY if policy is None else policy
     for attempt in range(1, policy.tries + 1):
@@ -169,7 +176,12 @@ def call_with_retries(
                 wait,
                 _describe(error),
             )
-            time.sleep(wait)
+            if stop is None:
+                time.sleep(wait)
+            elif stop.wait(wait):
+                raise ChunkReadError(
+                    f"{doing} {ref} was given up: its reader was closed"
+                ) from error
     raise AssertionError("unreachable: the last try returns or raises")  # pragma: no cover
 
 

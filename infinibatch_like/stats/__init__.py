@@ -17,8 +17,9 @@ counter. On, every stage counts its items exactly and times a random sample of i
 (one in `sample_every` on average, every pull of a slow stage); counters of worker
 processes come back with their messages a few times per second. Stages that work ahead
 (prefetchers, parallel maps, chunk read-ahead) also show gauges read at the time of the
-call: their buffer fill, what is in flight and their workers' busy time. Statistics are
-never part of a checkpoint.
+call: their buffer fill, what is in flight and their workers' busy time. `storage` tells
+what this process fetched from object stores (requests, bytes, cache hits) since then,
+which `report` and `flat` include. Statistics are never part of a checkpoint.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ._collect import StageStats, collect, consumer_wait_share, flat, limiting
 from ._headspace import Rate, consumer_rate, headspace
 from ._plot import History
 from ._report import report
+from ._storage import mark, storage
 
 __all__ = [
     "History",
@@ -48,6 +50,7 @@ __all__ = [
     "headspace",
     "limiting",
     "report",
+    "storage",
 ]
 
 
@@ -72,6 +75,7 @@ def enable(pipeline: CheckpointableIterator[Any], sample_every: int = 1024) -> N
     """
     require_int("stats.enable", "sample_every", sample_every, 1)
     instrument(pipeline, sample_every)
+    mark(pipeline)
 
 
 def disable(pipeline: CheckpointableIterator[Any]) -> None:

@@ -8,6 +8,7 @@ from typing import Any, TypedDict
 from .._background.stage import BackgroundStage
 from .._base import CheckpointableIterator
 from .._probe import StageProbe, current_gauges, probe_of
+from ._storage import storage
 
 
 class StageStats(TypedDict):
@@ -271,7 +272,10 @@ def flat(pipeline: CheckpointableIterator[Any], prefix: str = "data/") -> dict[s
     (``data/BucketedReadaheadBatchIterator/MapIterator/items_out``; a source of a
     multi-source stage as ``WeightedMultiplexIterator[1]/...``; counters that do not
     apply left out), plus ``prefix + "consumer_wait_share"``
-    (the share of the wall time the consumer spent waiting for data).
+    (the share of the wall time the consumer spent waiting for data) and this process's
+    reads from object stores since statistics were switched on, ``prefix + "storage/" +
+    name`` for each count of `storage`
+    (``data/storage/requests``, ``data/storage/cache_hits``, ...).
 
     E.g. ``for key, value in stats.flat(it).items(): writer.add_scalar(key, value, step)``
     or ``wandb.log(stats.flat(it), step=step)``.
@@ -285,6 +289,8 @@ def flat(pipeline: CheckpointableIterator[Any], prefix: str = "data/") -> dict[s
             if value is not None:
                 out[f"{key}/{name}"] = float(value)
     out[prefix + "consumer_wait_share"] = consumer_wait_share(entries)
+    counts = storage(pipeline)
+    out.update({f"{prefix}storage/{name}": float(value) for name, value in counts.items()})
     return out
 
 

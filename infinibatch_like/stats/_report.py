@@ -6,6 +6,7 @@ from typing import Any
 
 from .._base import CheckpointableIterator
 from ._collect import StageStats, collect, consumer_wait_share, limiting, pooled
+from ._storage import storage, storage_line
 
 STARVED = 0.05
 """A consumer that waits for data longer than this share of the time is data-bound."""
@@ -19,9 +20,14 @@ def report(pipeline: CheckpointableIterator[Any]) -> str:
     pipelines of a `ShardedIterator` show once per worker, their counters added up over
     its shards (``MapIterator x16``).
 
+    A last line tells what this process fetched from object stores since statistics were
+    switched on, if anything (see `storage`).
+
     Statistics must be on (`enable`). Raises ValueError if they are off.
     """
-    return render(collect(pipeline))
+    text = render(collect(pipeline))
+    line = storage_line(storage(pipeline))
+    return text if line is None else f"{text}\n{line}"
 
 
 def render(entries: list[StageStats]) -> str:

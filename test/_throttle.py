@@ -1,0 +1,117 @@
+"""A rate-capping HTTP proxy on 127.0.0.1, in front of the loopback S3 server (test/_s3.py).
+
+`ThrottlingProxy` forwards every request unchanged and sends each answer's body no faster
+than `rate` bytes per second, per request (as object stores cap each connection), so that
+only requests in flight at once add up to more. It counts the requests by method, and the
+body bytes of the GET answers per object path (counted as the answer starts).
+Use it as a context manager, or call `stop`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from _s3 import _relay
+
+SLICE = 1 << 16
+"""Bytes written at a time (the pacing step)."""
+
+
+class ThrottlingProxy:
+    """A proxy on 127.0.0.1 in front of `target` (a URL) capping each answer at `rate`
+    bytes per second (None: no cap); `endpoint` is its URL."""
+
+    def __init__(self, target: str, rate: float | None) -> None:
+        self.target, self.rate = target, rate
+        self._lock = threading.Lock()
+        self._requests: Counter[str] = Counter()
+        self._gets: Counter[str] = Counter()
+        self._bytes: Counter[str] = Counter()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_class(self))
+        self._server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="test-throttling-proxy", daemon=True
+        )
+        self._thread.start()
+
+    def __enter__(self) -> ThrottlingProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def count(self, method: str, path: str, sent: int) -> None:
+        with self._lock:
+            self._requests[method] += 1
+            if method == "GET":
+                self._gets[path] += 1
+                self._bytes[path] += sent
+
+    def requests(self, method: str = "GET") -> int:
+        """How many requests with `method` it forwarded."""
+        with self._lock:
+            return self._requests[method]
+
+    def gets(self, part: str = "") -> int:
+        """GET requests of paths containing `part`."""
+        with self._lock:
+            return sum(n for path, n in self._gets.items() if part in path)
+
+    def bytes_sent(self, part: str = "") -> int:
+        """Body bytes of the GET answers of paths containing `part`."""
+        with self._lock:
+            return sum(n for path, n in self._bytes.items() if part in path)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._requests.clear()
+            self._gets.clear()
+            self._bytes.clear()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+def _handler_class(proxy: ThrottlingProxy) -> type[BaseHTTPRequestHandler]:
+    host, port = proxy.target.split("://", 1)[1].split(":")
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet
+            pass
+
+        def _forward(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            status, headers, payload = _relay(host, int(port), self, body)
+            path = self.path.split("?", 1)[0]  # counted first: the client may be done
+            proxy.count(self.command, path, 0 if self.command == "HEAD" else len(payload))
+            self._answer(status, headers, payload)
+
+        do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
+
+        def _answer(self, status: int, headers: Mapping[str, str], payload: bytes) -> None:
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            if "Content-Length" not in headers:
+                self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            if self.command == "HEAD":
+                return
+            started = time.perf_counter()
+            for offset in range(0, len(payload), SLICE):
+                self.wfile.write(payload[offset : offset + SLICE])
+                if proxy.rate:  # sleep until the bytes sent so far are due
+                    due = started + (offset + SLICE) / proxy.rate
+                    time.sleep(max(0.0, due - time.perf_counter()))
+
+    return Handler

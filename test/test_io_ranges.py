@@ -1,0 +1,328 @@
+"""Concurrent byte ranges (infinibatch_like/io/_ranges.py, FetchOptions): exact bytes in
+order, at most k ranges in flight, each retried on its own, threads stopped on close and
+on collection; against moto's server behind a per-request rate cap (test/_throttle.py)."""
+
+from __future__ import annotations
+
+import functools
+import gc
+import os
+import random
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+
+import pytest
+from _s3 import FaultyProxy
+from _throttle import ThrottlingProxy
+from conftest import S3Bucket
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infinibatch_like.io import (
+    ChunkReadError,
+    FetchOptions,
+    RetryPolicy,
+    open_chunk,
+    read_lines,
+    reset_retry_counts,
+    reset_storage_counts,
+    retry_counts,
+    storage_counts,
+)
+from infinibatch_like.io._ranges import THREAD_NAME, RangeReader
+
+FAST = RetryPolicy(tries=4, first_delay=0.01, max_delay=0.05)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in os.environ:
+        if name.startswith("INFINIBATCH_LIKE_"):
+            monkeypatch.delenv(name)
+    reset_retry_counts()
+    reset_storage_counts()
+    yield
+    reset_retry_counts()
+    reset_storage_counts()
+
+
+def range_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == THREAD_NAME]
+
+
+class FakeStore:
+    """``fetch(start, end)`` of `data`, recording the ranges and the most at once."""
+
+    def __init__(self, data: bytes, delay: float = 0.0) -> None:
+        self.data, self.delay = data, delay
+        self.ranges: list[tuple[int, int]] = []
+        self.active = self.most_active = 0
+        self._lock = threading.Lock()
+
+    def fetch(self, start: int, end: int) -> bytes:
+        with self._lock:
+            self.ranges.append((start, end))
+            self.active += 1
+            self.most_active = max(self.most_active, self.active)
+        try:
+            time.sleep(self.delay)
+            return self.data[start:end]
+        finally:
+            with self._lock:
+                self.active -= 1
+
+
+def reader(store: FakeStore, range_size: int, in_flight: int, **kwargs: object) -> RangeReader:
+    return RangeReader(
+        store.fetch,
+        "s3://b/object",
+        len(store.data),
+        range_size=range_size,
+        in_flight=in_flight,
+        policy=FAST,
+        expired=lambda error: None,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.integers(0, 5000),
+    range_size=st.integers(1, 700),
+    in_flight=st.integers(0, 6),
+    read_size=st.integers(1, 900),
+)
+def test_ranges_deliver_the_exact_bytes_in_order_and_partition_the_object(
+    size: int, range_size: int, in_flight: int, read_size: int
+) -> None:
+    data = random.Random(size).randbytes(size)
+    store = FakeStore(data)
+    with reader(store, range_size, in_flight) as stream:
+        pieces = iter(lambda: stream.read(read_size), b"")
+        assert b"".join(pieces) == data
+    assert sorted(store.ranges) == [
+        (start, min(start + range_size, size)) for start in range(0, size, range_size)
+    ]
+    assert store.most_active <= max(1, in_flight)
+    assert range_threads() == []
+
+
+def test_at_most_k_ranges_are_buffered_however_slow_the_reader() -> None:
+    store = FakeStore(bytes(100 * 64))
+    stream = reader(store, 64, 4)
+    stream.read(10)
+    time.sleep(0.1)  # the threads would run far ahead if nothing held them back
+    assert len(store.ranges) == 1 + 4  # the one being read and 4 ahead
+    assert len(stream.read(1000)) == 54  # the rest of the first range
+    assert len(stream.read(1000)) == 64  # the second one
+    time.sleep(0.05)
+    assert len(store.ranges) == 2 + 4
+    stream.close()
+    assert range_threads() == []
+
+
+def test_an_error_in_a_thread_reaches_the_reader_with_its_traceback() -> None:
+    def fetch(start: int, end: int) -> bytes:
+        if start >= 300:
+            raise_deep_in_the_store(start)
+        return bytes(end - start)
+
+    stream = RangeReader(
+        fetch, "s3://b/k", 1000, range_size=100, in_flight=3, policy=FAST,
+        expired=lambda error: None,
+    )
+    assert [stream.read(1000) for _ in range(3)] == [bytes(100)] * 3
+    with pytest.raises(ChunkReadError, match=r"reading bytes 300-399 of s3://b/k failed: "
+                       r"KeyError: 'no range at 300'") as error:
+        stream.read(1)
+    cause = error.value.__cause__
+    assert isinstance(cause, KeyError)
+    frames = [frame.name for frame in traceback.extract_tb(cause.__traceback__)]
+    assert frames[-2:] == ["fetch", "raise_deep_in_the_store"]
+    assert any(THREAD_NAME in note for note in error.value.__notes__)
+    with pytest.raises(ChunkReadError):  # and it stays failed
+        stream.read(1)
+    stream.close()
+    assert range_threads() == []
+
+
+def raise_deep_in_the_store(start: int) -> None:
+    raise KeyError(f"no range at {start}")
+
+
+def test_close_and_collection_stop_the_threads_promptly() -> None:
+    store = FakeStore(bytes(1 << 16), delay=0.02)
+    stream = reader(store, 1 << 10, 8)
+    stream.read(1)
+    assert len(range_threads()) == 8
+    started = time.perf_counter()
+    stream.close()
+    assert range_threads() == []
+    assert time.perf_counter() - started < 1.0  # the requests in flight, not the object
+    stream.close()  # idempotent
+    with pytest.raises(ValueError, match="closed"):
+        stream.read(1)
+
+    dropped = reader(store, 1 << 10, 8)
+    dropped.read(1)
+    assert len(range_threads()) == 8
+    del dropped
+    gc.collect()
+    assert range_threads() == []
+
+
+def test_close_ends_a_retry_backoff_at_once() -> None:
+    def fetch(start: int, end: int) -> bytes:
+        raise ConnectionResetError("reset by peer")
+
+    stream = RangeReader(
+        fetch, "s3://b/k", 1000, range_size=100, in_flight=2,
+        policy=RetryPolicy(tries=5, first_delay=30.0, max_delay=30.0),
+        expired=lambda error: None,
+    )
+    failures: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            stream.read(1)
+        except ChunkReadError as error:
+            failures.append(error)
+
+    reading = threading.Thread(target=read)
+    reading.start()
+    time.sleep(0.2)
+    started = time.perf_counter()
+    stream.close()
+    assert time.perf_counter() - started < 5.0  # not the 15-30 s of the backoff
+    assert range_threads() == []
+    reading.join(5.0)
+    assert "was given up: its reader was closed" in str(failures[0])
+
+
+def big_text(size: int, seed: int = 0) -> bytes:
+    """Lines of random hex, about `size` bytes."""
+    rng = random.Random(seed)
+    lines = [f"{seed}:{n}:{rng.getrandbits(400):0100x}\n" for n in range(size // 110 + 1)]
+    return "".join(lines).encode()
+
+
+def test_concurrent_ranges_multiply_a_per_request_rate_cap(s3: S3Bucket) -> None:
+    data = big_text(3 << 19)
+    url = s3.put("big.txt", data)
+    range_size = 1 << 17
+    ranges = -(-len(data) // range_size)
+    with ThrottlingProxy(s3.server.endpoint, rate=1.5e6) as proxy:
+        timings = {}
+        for in_flight in (0, 8):
+            fetch = FetchOptions(
+                ranges_in_flight=in_flight, range_size=range_size, ranges_from_size=1 << 20
+            )
+            options = {"endpoint_url": proxy.endpoint, "infinibatch_like": fetch}
+            proxy.reset()
+            started = time.perf_counter()
+            with open_chunk(url, storage_options=options) as stream:
+                assert stream.read() == data
+            timings[in_flight] = time.perf_counter() - started
+            assert proxy.gets("big.txt") == (ranges if in_flight else 1)
+            assert proxy.bytes_sent("big.txt") == len(data)  # nothing fetched twice
+    # 8 requests in flight under the same per-request cap: about 5x here (2.5x: a wide
+    # margin for a loaded machine; bench/bench_ranges.py measures it)
+    assert timings[0] / timings[8] > 2.5, timings
+
+
+def test_storage_counts_requests_and_bytes(s3: S3Bucket) -> None:
+    data = big_text(1 << 20)
+    url = s3.put("counted.txt", data)
+    options = {"infinibatch_like": {"ranges_in_flight": 4, "range_size": "100K",
+                                    "ranges_from_size": "500K"}}
+    assert b"".join(open_chunk(url, storage_options=options)) == data
+    ranges = -(-len(data) // 102400)
+    assert storage_counts() == {"requests": ranges, "bytes": len(data), "cache_hits": 0,
+                                "cache_misses": 0, "cache_evicted": 0}
+
+
+def test_a_failed_range_is_retried_on_its_own(s3: S3Bucket, s3_proxy: FaultyProxy) -> None:
+    data = big_text(1 << 20, seed=1)
+    url = s3.put("flaky.txt", data)
+    options = {"endpoint_url": s3_proxy.endpoint,
+               "infinibatch_like": {"ranges_in_flight": 4, "range_size": 1 << 17,
+                                    "ranges_from_size": 0}}
+    stream = open_chunk(url, storage_options=options, retry=FAST)
+    head = stream.read(300_000)
+    s3_proxy.inject("reset", 1, "GET", "flaky.txt")  # one answer cut in its middle
+    s3_proxy.inject("slow_down", 1, "GET", "flaky.txt")
+    assert head + stream.read() == data
+    stream.close()
+    ranges = -(-len(data) // (1 << 17))
+    gets = [path for method, path in s3_proxy.requests if method == "GET"]
+    assert len(gets) == ranges + 2  # each failure repeats its range only
+    assert sum(retry_counts().values()) == 2
+    assert storage_counts()["requests"] == ranges + 2
+
+
+def test_an_object_replaced_during_a_ranged_read_is_named(s3: S3Bucket) -> None:
+    data = big_text(1 << 20, seed=2)
+    url = s3.put("moving.txt", data)
+    options = {"infinibatch_like": {"ranges_in_flight": 2, "range_size": 1 << 16,
+                                    "ranges_from_size": 0}}
+    stream = open_chunk(url, storage_options=options, retry=FAST)
+    assert stream.read(1000) == data[:1000]
+    s3.put("moving.txt", big_text(1 << 20, seed=3))  # another ETag
+    with pytest.raises(ChunkReadError, match=rf"{url} changed while it was being read"):
+        stream.read()
+    stream.close()
+    assert retry_counts() == {}  # a changed object is not retried
+
+
+def test_fetch_options_are_checked_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match=r"unknown field\(s\) 'ranges'; known: cache_dir"):
+        open_chunk("s3://b/k", storage_options={"infinibatch_like": {"ranges": 8}})
+    with pytest.raises(ValueError, match=r"FetchOptions: ranges_in_flight must be an int >= 0"):
+        FetchOptions(ranges_in_flight=-1)
+    with pytest.raises(ValueError, match=r"FetchOptions: range_size must be a number of bytes"):
+        FetchOptions(range_size="eight megabytes")  # type: ignore[arg-type]
+    assert FetchOptions(range_size="8M").range_size == 8 << 20  # type: ignore[arg-type]
+    monkeypatch.setenv("INFINIBATCH_LIKE_CACHE_SIZE", "1.5G")
+    monkeypatch.setenv("INFINIBATCH_LIKE_RANGES_IN_FLIGHT", "16")
+    options = FetchOptions.from_environment()
+    assert (options.cache_size, options.ranges_in_flight) == (3 << 29, 16)
+    monkeypatch.setenv("INFINIBATCH_LIKE_RANGE_SIZE", "lots")
+    with pytest.raises(ValueError, match=r"INFINIBATCH_LIKE_RANGE_SIZE must be a number"):
+        FetchOptions.from_environment()
+
+
+def test_fetch_options_travel_in_a_partial_to_a_reader(s3: S3Bucket) -> None:
+    data = big_text(200_000, seed=4)
+    url = s3.put("p.txt", data)
+    fetch = {"ranges_in_flight": 3, "range_size": 50_000, "ranges_from_size": 0}
+    reader_fn = functools.partial(read_lines, storage_options={"infinibatch_like": fetch})
+    assert "\n".join(reader_fn(url)) + "\n" == data.decode()
+    assert storage_counts()["requests"] == -(-len(data) // 50_000)
+
+
+def test_a_stream_read_in_a_forked_child_fails_at_once_rather_than_hang() -> None:
+    stream = reader(FakeStore(bytes(10_000)), 100, 4)
+    assert stream.read(50) == bytes(50)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its copy of the stream has no threads
+        try:
+            stream.read(100)
+            stream.read(100)
+            os.write(write_end, b"read without an error")
+        except ChunkReadError as error:
+            os.write(write_end, str(error).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as answer:
+        message = answer.read().decode()
+    os.waitpid(pid, 0)
+    assert message == (
+        f"s3://b/object: this stream was opened in process {os.getpid()} and cannot be read "
+        "in a forked child; open the chunk again in this process"
+    )
+    assert stream.read(100) == bytes(50)  # the parent's goes on
+    stream.close()
