@@ -88,16 +88,28 @@ def _map_main(
         task: Task | None = pickle.loads(frame)
         if task is None:
             return
-        outputs, error, origin, busy = _apply(transform, task, owner)
-        failure: ErrorReport | None = None
-        if error is not None:
-            failure = report_error(error, f"{origin}, {where}")
-        try:
-            data = pickle.dumps(Result(task.number, outputs, failure, busy), wire.PROTOCOL)
-        except Exception as error:
-            failure = report_error(error, f"{where}, pickling the transform's outputs")
-            data = pickle.dumps(Result(task.number, [], failure), wire.PROTOCOL)
-        wire.write_frame(out, data)
+        wire.write_frame(out, _result_frame(transform, task, owner, where))
+
+
+def _result_frame(transform: Callable[[Any], Any], task: Task, owner: str, where: str) -> bytes:
+    """The pickled `Result` of `task`. An output that cannot be pickled ends it like an
+    error of the transform on that item: the outputs before it, then its pickling error."""
+    outputs, error, origin, busy = _apply(transform, task, owner)
+    failure: ErrorReport | None = None
+    if error is not None:
+        failure = report_error(error, f"{origin}, {where}")
+    try:
+        return pickle.dumps(Result(task.number, outputs, failure, busy), wire.PROTOCOL)
+    except Exception as pickling_error:
+        found = wire.first_unpicklable(outputs)
+        if found is None:  # each output pickles alone: the result as a whole did not
+            failure = report_error(pickling_error, f"pickling the transform's outputs, {where}")
+            return pickle.dumps(Result(task.number, [], failure, busy), wire.PROTOCOL)
+        index, cause = found
+        origin = call_origin(owner, "transform", transform, task.items[index])
+        what = f"pickling the output returned {origin} (source position {task.first + index})"
+        failure = report_error(cause, f"{what}, {where}")
+        return pickle.dumps(Result(task.number, outputs[:index], failure, busy), wire.PROTOCOL)
 
 
 class _Sender:
