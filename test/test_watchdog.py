@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -13,6 +15,9 @@ from typing import Any
 import pytest
 
 import infinibatch_like.iterators as it
+from infinibatch_like import watchdog as watchdog_module
+from infinibatch_like._background.lifecycle import worker_pids
+from infinibatch_like._background.stacks import answers_dir
 from infinibatch_like.watchdog import StallError, Watchdog
 
 
@@ -159,3 +164,96 @@ def test_bad_arguments_are_refused(kwargs: dict[str, Any], error: type, message:
     arguments = {"pipeline": it.NativeCheckpointableIterator([1]), **kwargs}
     with pytest.raises(error, match=message):
         Watchdog(**arguments)
+
+
+class ReleaseAfter(logging.Handler):
+    """Counts the watchdog's stall reports; opens `gate` after the `count`-th."""
+
+    def __init__(self, gate: Path, count: int) -> None:
+        super().__init__(logging.WARNING)
+        self.gate, self.count, self.reports = gate, count, []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("Watchdog: no item reached the consumer"):
+            self.reports.append(record.getMessage())
+            if len(self.reports) == self.count:
+                self.gate.touch()
+
+
+@pytest.mark.parametrize(
+    ("planted", "method"), [("directory", "fork"), ("symlink", "fork"), ("directory", "spawn")]
+)
+def test_files_planted_in_a_shared_tmpdir_do_not_stop_the_stall_reports(
+    planted: str, method: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leaks: None
+) -> None:
+    shared = tmp_path / "tmp"  # stands for a /tmp that other users write to
+    shared.mkdir()
+    monkeypatch.setenv("TMPDIR", str(shared))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    gate = tmp_path / "gate"
+    source = it.MapIterator(it.NativeCheckpointableIterator([1, 2, 3]), BlockingRead(gate))
+    prefetched = it.PrefetchIterator(source, 4, start_method=method)
+    assert next(prefetched) == 1  # the worker has started: the watchdog starts afterwards
+    watched = Watchdog(prefetched, timeout_s=0.3)
+    counter = ReleaseAfter(gate, 3)
+    logging.getLogger("infinibatch_like").addHandler(counter)
+    deadline = threading.Timer(20, gate.touch)  # the test fails, rather than hangs, without reports
+    deadline.start()
+    try:
+        with watched:
+            (pid,) = worker_pids()
+            for name in (f"infinibatch_like-stacks-{pid}.txt", f"{pid}.txt"):
+                if planted == "directory":
+                    (shared / name).mkdir()
+                else:
+                    (shared / name).symlink_to(victim)
+            assert list(watched) == [2, 3]
+    finally:
+        logging.getLogger("infinibatch_like").removeHandler(counter)
+        deadline.cancel()
+        gate.touch()
+    assert len(counter.reports) == 3
+    assert all(f"Worker process {pid}:\n" in report for report in counter.reports)
+    assert all("in wait_for_gate" in report for report in counter.reports)
+    assert victim.read_text() == "keep me"
+    kind = Path.is_dir if planted == "directory" else Path.is_symlink
+    assert all(kind(shared / name) for name in (f"infinibatch_like-stacks-{pid}.txt", f"{pid}.txt"))
+
+
+def test_a_report_that_cannot_get_the_workers_stacks_still_reports_the_stall(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leaks: None
+) -> None:
+    def broken(pids: Any, timeout: float) -> str:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(watchdog_module, "worker_stacks", broken)
+    gate = tmp_path / "gate"
+    counter = ReleaseAfter(gate, 2)
+    logging.getLogger("infinibatch_like").addHandler(counter)
+    deadline = threading.Timer(20, gate.touch)
+    deadline.start()
+    try:
+        with Watchdog(pipeline(gate, "process"), timeout_s=0.3) as watched:
+            assert list(watched) == ["1", "2", "3"]
+    finally:
+        logging.getLogger("infinibatch_like").removeHandler(counter)
+        deadline.cancel()
+        gate.touch()
+    assert len(counter.reports) == 2
+    assert all(
+        "the stacks of the worker processes could not be collected (OSError: [Errno 28] No "
+        "space left on device)" in report
+        for report in counter.reports
+    )
+    assert all('Thread "MainThread"' in report for report in counter.reports)
+
+
+def test_workers_answer_in_a_private_directory(no_leaks: None, tmp_path: Path) -> None:
+    directory = Path(answers_dir())
+    assert directory.parent == Path(tempfile.gettempdir())
+    assert directory.name.startswith("infinibatch_like-stacks-")
+    assert len(directory.name) > len("infinibatch_like-stacks-") + 4  # a random part
+    assert directory.stat().st_mode & 0o777 == 0o700
+    assert directory.stat().st_uid == os.getuid()

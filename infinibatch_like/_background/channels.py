@@ -41,6 +41,7 @@ from .lifecycle import (
     worker_setup,
 )
 from .messages import Batch, End, Failure, Mark, Message
+from .stacks import answers_dir
 from .worker_gc import WorkerGC, worker_gc
 
 logger = logging.getLogger("infinibatch_like")
@@ -306,16 +307,18 @@ def _producer_main(
     where: str,
     produced: Any,
     collector: WorkerGC,
+    answers: str,
 ) -> None:
     """Entry point of a producer worker process; `produced` (a shared counter, None while
-    statistics are off) counts the items it produces."""
+    statistics are off) counts the items it produces; `answers`: where it writes its
+    stacks when asked (`stacks.answers_dir`)."""
     holder: list[Any] = [production.source]
 
     def close_pipeline() -> None:
         if hasattr(holder[0], "close"):
             holder[0].close()
 
-    worker_setup(parent, close_pipeline, collector)
+    worker_setup(parent, close_pipeline, collector, answers)
     pace = Pace(production.max_batch)
     outbox = _Outbox(writer.fileno(), capacity, pace)
     position = production.replay  # of the next item, as the consumer's cursor counts
@@ -399,6 +402,7 @@ class ProcessChannel(Channel):
                 where,
                 self._produced,
                 worker_gc(),
+                answers_dir(),
             ),
             name=f"infinibatch_like.{name}.worker",
             daemon=False,

@@ -29,6 +29,7 @@ from .lifecycle import (
     worker_setup,
 )
 from .messages import Result, Task
+from .stacks import answers_dir
 from .worker_gc import WorkerGC, worker_gc
 
 
@@ -74,9 +75,11 @@ def _map_main(
     owner: str,
     where: str,
     collector: WorkerGC,
+    answers: str,
 ) -> None:
-    """Entry point of a map worker process of `owner` (the stage's name)."""
-    worker_setup(parent, lambda: None, collector)
+    """Entry point of a map worker process of `owner` (the stage's name); `answers`: where
+    it writes its stacks when asked (`stacks.answers_dir`)."""
+    worker_setup(parent, lambda: None, collector, answers)
     if payload is not None:
         transform = pickle.loads(payload)
     assert transform is not None
@@ -181,6 +184,7 @@ class ProcessPool(Pool):
                         name,
                         where,
                         worker_gc(),
+                        answers_dir(),
                     ),
                     name=f"infinibatch_like.{name}.worker-{index}",
                     daemon=False,

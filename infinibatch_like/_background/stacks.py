@@ -3,15 +3,22 @@ stalls.
 
 Every worker process answers `STACKS_SIGNAL` (from its watch thread, see
 `lifecycle.worker_setup`, so a main thread blocked in C does not delay it): it writes the
-stacks of its threads to `stacks_path(pid)` (written aside, then renamed), and passes the
+stacks of its threads to `answer_path(pid)` (written aside, then renamed), and passes the
 signal on to its own worker processes. The signal is sent only to workers whose handler
 is in place (read from ``/proc/<pid>/status``): one still starting would be killed by it.
+
+Answers go to a private directory (`answers_dir`: made by `tempfile.mkdtemp`, mode 0700,
+an unpredictable name), which a consumer hands to the workers it starts and they to
+theirs: nothing that another user plants in a shared temporary directory is read,
+followed or removed.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -39,21 +46,52 @@ def thread_stacks() -> str:
     return "\n".join(parts)
 
 
-def stacks_path(pid: int) -> str:
+_ANSWERS: list[str] = []
+"""The directory of `answers_dir`, once made here or handed down by `use_answers_dir`."""
+
+
+def answers_dir() -> str:
+    """The private directory where this process's worker processes (and theirs) write
+    their stacks: made at the first call (`tempfile.mkdtemp`: mode 0700, an unpredictable
+    name), removed when the process that made it exits."""
+    if not _ANSWERS:
+        path = tempfile.mkdtemp(prefix="infinibatch_like-stacks-")
+        _ANSWERS.append(path)
+        atexit.register(_remove_answers, path, os.getpid())
+    return _ANSWERS[0]
+
+
+def use_answers_dir(path: str) -> None:
+    """In a worker process: answer in `path`, the `answers_dir` of the consumer that
+    started it (and hand it on to this worker's own workers)."""
+    _ANSWERS[:] = [path]
+
+
+def _remove_answers(path: str, maker: int) -> None:
+    if os.getpid() == maker:  # not in a forked child that inherited the exit handler
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def answer_path(pid: int) -> str:
     """Where worker process `pid` writes its stacks when asked."""
-    return os.path.join(tempfile.gettempdir(), f"infinibatch_like-stacks-{pid}.txt")
+    return os.path.join(answers_dir(), f"{pid}.txt")
 
 
 def answer_stacks_request(children: Iterable[int]) -> None:
-    """In a worker process: write this process's stacks for the requester, and pass the
-    request on to `children` (its own worker processes)."""
+    """In a worker process: write this process's stacks for the requester (to a file of
+    mode 0600, renamed into place once complete), and pass the request on to `children`
+    (its own worker processes)."""
     asked = request(children)
-    path = stacks_path(os.getpid())
+    path = answer_path(os.getpid())
     text = f"{CHILDREN_PREFIX}{' '.join(map(str, asked))}\n{thread_stacks()}"
-    aside = f"{path}.{threading.get_ident()}.part"
-    with open(aside, "w", encoding="utf-8") as file:
-        file.write(text)
-    os.replace(aside, path)
+    descriptor, aside = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".part")
+    try:
+        with open(descriptor, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.replace(aside, path)
+    except BaseException:
+        _remove(aside)
+        raise
 
 
 def answers_signal(pid: int) -> bool:
@@ -83,8 +121,9 @@ def request(pids: Iterable[int]) -> list[int]:
 
 def worker_stacks(pids: Iterable[int], timeout: float) -> str:
     """The stacks of the worker processes `pids` and of their own workers, waiting up to
-    `timeout` seconds for their answers."""
-    pending = {pid: stacks_path(pid) for pid in pids}
+    `timeout` seconds for their answers; a worker whose answer cannot be read is named
+    with the reason, and the others are still reported."""
+    pending = {pid: answer_path(pid) for pid in pids}
     for path in pending.values():  # an answer left from an earlier request
         _remove(path)
     unanswered = set(pending) - set(request(pending))
@@ -99,11 +138,15 @@ def worker_stacks(pids: Iterable[int], timeout: float) -> str:
                     text = file.read()
             except FileNotFoundError:
                 continue
+            except (OSError, UnicodeDecodeError) as error:
+                del pending[pid]
+                parts.append(f"Worker process {pid}: its answer cannot be read ({error})")
+                continue
             _remove(path)
             del pending[pid]
             header, _, stacks = text.partition("\n")
             children = [int(child) for child in header[len(CHILDREN_PREFIX) :].split()]
-            pending.update((child, stacks_path(child)) for child in children)
+            pending.update((child, answer_path(child)) for child in children)
             parts.append(f"Worker process {pid}:\n{stacks}")
         time.sleep(0.02)
     parts.extend(f"Worker process {pid}: no answer within {timeout} s" for pid in pending)
