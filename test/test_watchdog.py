@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -257,3 +259,37 @@ def test_workers_answer_in_a_private_directory(no_leaks: None, tmp_path: Path) -
     assert len(directory.name) > len("infinibatch_like-stacks-") + 4  # a random part
     assert directory.stat().st_mode & 0o777 == 0o700
     assert directory.stat().st_uid == os.getuid()
+
+
+METHODS = multiprocessing.get_all_start_methods()
+
+
+def read_in_a_child_process() -> None:
+    with it.PrefetchIterator(it.NativeCheckpointableIterator([1, 2]), 2) as items:
+        assert list(items) == [1, 2]
+
+
+CHILD = """
+import multiprocessing, sys
+sys.path.insert(0, {test!r})
+from test_watchdog import read_in_a_child_process
+
+if __name__ == "__main__":
+    child = multiprocessing.get_context({method!r}).Process(target=read_in_a_child_process)
+    child.start()
+    child.join()
+    assert child.exitcode == 0, child.exitcode
+    read_in_a_child_process()
+"""
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_private_directories_are_removed_at_exit(method: str, tmp_path: Path) -> None:
+    # a multiprocessing child (a DataLoader worker) that starts workers makes its own
+    script = tmp_path / "run.py"
+    script.write_text(CHILD.format(test=str(Path(__file__).parent), method=method))
+    private = tmp_path / "tmp"
+    private.mkdir()
+    environment = {**os.environ, "TMPDIR": str(private)}
+    subprocess.run([sys.executable, str(script)], env=environment, check=True, timeout=60)
+    assert os.listdir(private) == []

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import multiprocessing.util
 import os
 import shutil
 import signal
@@ -53,11 +54,15 @@ _ANSWERS: list[str] = []
 def answers_dir() -> str:
     """The private directory where this process's worker processes (and theirs) write
     their stacks: made at the first call (`tempfile.mkdtemp`: mode 0700, an unpredictable
-    name), removed when the process that made it exits."""
+    name), removed when the process that made it exits: by atexit, and by a
+    multiprocessing finalizer in a multiprocessing child (e.g. a DataLoader worker), whose
+    exit skips atexit."""
     if not _ANSWERS:
         path = tempfile.mkdtemp(prefix="infinibatch_like-stacks-")
         _ANSWERS.append(path)
-        atexit.register(_remove_answers, path, os.getpid())
+        maker = os.getpid()
+        atexit.register(_remove_answers, path, maker)
+        multiprocessing.util.Finalize(None, _remove_answers, (path, maker), exitpriority=0)
     return _ANSWERS[0]
 
 
