@@ -18,8 +18,8 @@ import pytest
 
 import infinibatch_like.iterators as it
 from infinibatch_like import watchdog as watchdog_module
+from infinibatch_like._background import stacks
 from infinibatch_like._background.lifecycle import worker_pids
-from infinibatch_like._background.stacks import answers_dir
 from infinibatch_like.watchdog import StallError, Watchdog
 
 
@@ -252,21 +252,50 @@ def test_a_report_that_cannot_get_the_workers_stacks_still_reports_the_stall(
     assert all('Thread "MainThread"' in report for report in counter.reports)
 
 
-def test_workers_answer_in_a_private_directory(no_leaks: None, tmp_path: Path) -> None:
-    directory = Path(answers_dir())
+def test_workers_answer_in_a_private_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stacks, "_ANSWERS", [])  # this process's, chosen afresh
+    directory = Path(stacks.answers_dir())
     assert directory.parent == Path(tempfile.gettempdir())
     assert directory.name.startswith("infinibatch_like-stacks-")
-    assert len(directory.name) > len("infinibatch_like-stacks-") + 4  # a random part
-    assert directory.stat().st_mode & 0o777 == 0o700
-    assert directory.stat().st_uid == os.getuid()
+    assert len(directory.name) == len("infinibatch_like-stacks-") + 24  # 96 random bits
+    assert not directory.exists()  # until a report asks for stacks
+    try:
+        assert stacks.open_answers_dir() == str(directory)
+        assert directory.stat().st_mode & 0o777 == 0o700
+        assert directory.stat().st_uid == os.getuid()
+        assert stacks.open_answers_dir() == str(directory)  # ours: used again
+    finally:
+        directory.rmdir()
+
+
+@pytest.mark.parametrize("planted", ["symlink", "open directory", "file"])
+def test_something_planted_at_the_private_directory_is_refused(
+    planted: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "infinibatch_like-stacks-guessed"
+    if planted == "symlink":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        path.symlink_to(tmp_path / "elsewhere")
+    elif planted == "open directory":
+        path.mkdir()
+        path.chmod(0o777)
+    else:
+        path.write_text("")
+    monkeypatch.setattr(stacks, "_ANSWERS", [str(path)])
+    with pytest.raises(PermissionError, match="exists and is not a private directory of this"):
+        stacks.open_answers_dir()
 
 
 METHODS = multiprocessing.get_all_start_methods()
 
 
 def read_in_a_child_process() -> None:
+    """Reads with a worker process, whose stacks it asks for (as a stall report does)."""
     with it.PrefetchIterator(it.NativeCheckpointableIterator([1, 2]), 2) as items:
-        assert list(items) == [1, 2]
+        assert next(items) == 1
+        assert "Worker process" in stacks.worker_stacks(worker_pids(), 5.0)
+        assert os.path.isdir(stacks.answers_dir())
+        assert list(items) == [2]
 
 
 CHILD = """

@@ -7,10 +7,10 @@ stacks of its threads to `answer_path(pid)` (written aside, then renamed), and p
 signal on to its own worker processes. The signal is sent only to workers whose handler
 is in place (read from ``/proc/<pid>/status``): one still starting would be killed by it.
 
-Answers go to a private directory (`answers_dir`: made by `tempfile.mkdtemp`, mode 0700,
-an unpredictable name), which a consumer hands to the workers it starts and they to
-theirs: nothing that another user plants in a shared temporary directory is read,
-followed or removed.
+Answers go to a private directory (`answers_dir`: an unpredictable name, created with
+mode 0700 by the first report that asks for stacks, removed when its maker exits), which a
+consumer hands to the workers it starts and they to theirs: nothing that another user
+plants in a shared temporary directory is read, followed or removed.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ import atexit
 import contextlib
 import multiprocessing.util
 import os
+import secrets
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -48,22 +50,47 @@ def thread_stacks() -> str:
 
 
 _ANSWERS: list[str] = []
-"""The directory of `answers_dir`, once made here or handed down by `use_answers_dir`."""
+"""The path of `answers_dir`, once chosen here or handed down by `use_answers_dir`."""
 
 
 def answers_dir() -> str:
-    """The private directory where this process's worker processes (and theirs) write
-    their stacks: made at the first call (`tempfile.mkdtemp`: mode 0700, an unpredictable
-    name), removed when the process that made it exits: by atexit, and by a
-    multiprocessing finalizer in a multiprocessing child (e.g. a DataLoader worker), whose
-    exit skips atexit."""
+    """Where this process's worker processes (and theirs) write their stacks when asked:
+    a directory of an unpredictable name (96 random bits) in the temporary directory,
+    chosen at the first call; `open_answers_dir` creates it when a report needs it."""
     if not _ANSWERS:
-        path = tempfile.mkdtemp(prefix="infinibatch_like-stacks-")
-        _ANSWERS.append(path)
-        maker = os.getpid()
-        atexit.register(_remove_answers, path, maker)
-        multiprocessing.util.Finalize(None, _remove_answers, (path, maker), exitpriority=0)
+        name = f"infinibatch_like-stacks-{secrets.token_hex(12)}"
+        _ANSWERS.append(os.path.join(tempfile.gettempdir(), name))
     return _ANSWERS[0]
+
+
+def open_answers_dir() -> str:
+    """`answers_dir`, created now (mode 0700) if it does not exist, and removed when this
+    process exits (by atexit, and by a multiprocessing finalizer in a multiprocessing
+    child such as a DataLoader worker, whose exit skips atexit).
+
+    Raises:
+        PermissionError: if something else is at its path: a symlink, a file, or a
+            directory of another user or that others may write.
+    """
+    path = answers_dir()
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        found = os.lstat(path)
+        if (
+            not stat.S_ISDIR(found.st_mode)
+            or found.st_uid != os.getuid()
+            or found.st_mode & 0o077
+        ):
+            raise PermissionError(
+                f"{path} exists and is not a private directory of this user: the worker "
+                "processes are not asked for their stacks"
+            ) from None
+        return path
+    maker = os.getpid()
+    atexit.register(_remove_answers, path, maker)
+    multiprocessing.util.Finalize(None, _remove_answers, (path, maker), exitpriority=0)
+    return path
 
 
 def use_answers_dir(path: str) -> None:
@@ -129,6 +156,8 @@ def worker_stacks(pids: Iterable[int], timeout: float) -> str:
     `timeout` seconds for their answers; a worker whose answer cannot be read is named
     with the reason, and the others are still reported."""
     pending = {pid: answer_path(pid) for pid in pids}
+    if pending:
+        open_answers_dir()
     for path in pending.values():  # an answer left from an earlier request
         _remove(path)
     unanswered = set(pending) - set(request(pending))
