@@ -14,8 +14,11 @@ Faults: SIGKILL of the loop; SIGKILL of one of its worker processes (the loop th
 a WorkerError and dies of it); SIGTERM (the loop's handler stops it: a preemption);
 SIGINT (KeyboardInterrupt); a torn checkpoint (SIGKILL of the loop, then the newest of
 its two checkpoint files cut in half, as a crash of the file system may leave it: the
-restart resumes from the older one). Half the kills land at a random step after the last
-checkpoint, half at a random time in the first second (worker start-up, restore).
+restart resumes from the older one); a disk that fills up at a checkpoint save
+(``RLIMIT_FSIZE``: the save must fail with an error naming the checkpoint file, leave no
+temporary file and keep the previous checkpoints). Half the kills land at a random step
+after the last checkpoint, half at a random time in the first second (worker start-up,
+restore); the disk fills at a random step after the last checkpoint.
 """
 
 from __future__ import annotations
@@ -41,7 +44,10 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 LOOP = BENCH_DIR / "fault_loop.py"
 MARKER = "FAULT_INJECTION_RUN"
-KINDS = ("loop SIGKILL", "worker SIGKILL", "SIGTERM", "SIGINT", "torn checkpoint")
+DISK_FULL = "disk full at save"
+KINDS = ("loop SIGKILL", "worker SIGKILL", "SIGTERM", "SIGINT", "torn checkpoint", DISK_FULL)
+RUN_FILES = ("consumed.log", "stderr.txt", "finished.json", "singletons-started")
+"""What a run may leave in its directory, besides its checkpoints (``ckpt-N.json``)."""
 GRACE_S = 8.0
 """How long the processes of a run may take to go after the loop has exited (seconds)."""
 _SIGNALS = {
@@ -151,6 +157,10 @@ class Kill:
     at_step: int | None = None
     at_time: float | None = None
 
+    def arguments(self) -> list[str]:
+        """The loop's arguments that deliver this fault (a full disk is set up by the loop)."""
+        return [f"--disk-full-at={self.at_step}"] if self.kind == DISK_FULL else []
+
 
 @dataclass
 class RunResult:
@@ -159,6 +169,7 @@ class RunResult:
     stalled: bool
     leaks: list[str]
     stderr: str
+    failures: list[str] = field(default_factory=list)
 
 
 def run_once(campaign: Campaign, kill: Kill | None) -> RunResult:
@@ -172,14 +183,15 @@ def run_once(campaign: Campaign, kill: Kill | None) -> RunResult:
     err_path = campaign.workdir / "stderr.txt"
     with open(err_path, "wb") as err:
         process = subprocess.Popen(
-            campaign.command(),
+            campaign.command() + (kill.arguments() if kill is not None else []),
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=err,
             preexec_fn=_default_sigint,
         )
     started = time.monotonic()
-    killed = stalled = False
+    killed = kill is not None and kill.kind == DISK_FULL  # armed from the start
+    stalled = False
     polls = 0
     while process.poll() is None:
         elapsed = time.monotonic() - started
@@ -202,7 +214,31 @@ def run_once(campaign: Campaign, kill: Kill | None) -> RunResult:
         leaks.append(f"the resource tracker reports leaks: {stderr[stderr.index('leaked') - 80 :]}")
     if process.returncode == 0:
         leaks += _loop_leaks(campaign.workdir / "finished.json")
-    return RunResult(process.returncode, killed, stalled, leaks, stderr)
+    failures = []
+    if kill is not None and kill.kind == DISK_FULL and process.returncode != 0:
+        leaks += _files_left(campaign.workdir)
+        failures += _disk_full_error(stderr)
+    return RunResult(process.returncode, killed, stalled, leaks, stderr, failures)
+
+
+def _files_left(workdir: Path) -> list[str]:
+    """Files in the run's directory other than its own and its checkpoints."""
+    left = [
+        name
+        for name in sorted(os.listdir(workdir))
+        if name not in RUN_FILES and not (name.startswith("ckpt-") and name.endswith(".json"))
+    ]
+    return [f"left in the run's directory after the failed save: {left}"] if left else []
+
+
+def _disk_full_error(stderr: str) -> list[str]:
+    """What is wrong with the error of a run whose disk filled up at a save."""
+    lines = [line for line in stderr.splitlines() if "File too large" in line]
+    if not lines:
+        return [f"the run did not fail of the full disk:\n{stderr[-1500:]}"]
+    if not any("ckpt-" in line for line in lines):
+        return [f"the full-disk error does not name the checkpoint file: {lines[-1]}"]
+    return []
 
 
 def _tear_newest_checkpoint(campaign: Campaign) -> None:
@@ -404,7 +440,7 @@ about 20 batches, so a worker killed later may not be missed before the run ends
 
 
 def _plan(kind: str, campaign: Campaign, rng: random.Random, timed: bool) -> Kill:
-    if timed and rng.random() < 0.5:
+    if timed and kind != DISK_FULL and rng.random() < 0.5:
         return Kill(kind, at_time=rng.uniform(0.05, 1.0))
     step = campaign.checkpointed_step() + rng.randint(1, 2 * campaign.every)
     return Kill(kind, at_step=min(campaign.batches - LAST_KILL_BEFORE_END, step))
@@ -412,6 +448,7 @@ def _plan(kind: str, campaign: Campaign, rng: random.Random, timed: bool) -> Kil
 
 def _record(outcome: Outcome, result: RunResult) -> None:
     outcome.runs += 1
+    outcome.failures += result.failures
     interrupted = result.killed and result.returncode != 0
     outcome.kills += interrupted
     outcome.stalls += result.stalled

@@ -17,7 +17,9 @@ without saving), SIGINT is Python's KeyboardInterrupt. A run that finishes write
 ``WORKDIR/finished.json``: its file descriptors, threads and child processes before
 building the pipeline and after closing it. ``WORKDIR/singletons-started`` tells the
 harness that multiprocessing's own helper processes are up (from then on, the loop's
-other children are the pipeline's workers).
+other children are the pipeline's workers). With ``--disk-full-at STEP``, the disk fills
+up at the first save at or after STEP: from then on no file may grow past 512 bytes
+(``RLIMIT_FSIZE``), so that save fails and the loop dies of the error.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import gzip
 import hashlib
 import json
 import os
+import resource
 import signal
 import sys
 import threading
@@ -109,6 +112,12 @@ def start_singletons(start_method: str) -> None:
         forkserver.ensure_running()
 
 
+def fill_disk() -> None:
+    """From now on no file of this process may grow past 512 bytes, as on a full disk."""
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (512, hard))
+
+
 def snapshot_resources() -> dict[str, Any]:
     children = sorted(f"{pid} {command_of(pid, 100)}" for pid in children_of(os.getpid()))
     return {
@@ -127,6 +136,7 @@ def main() -> None:
     parser.add_argument("--start-method", default="fork")
     parser.add_argument("--prefetch-mode", default="process")
     parser.add_argument("--nesting", choices=("flat", "nested"), default="flat")
+    parser.add_argument("--disk-full-at", type=int, default=0, help="the disk fills at a save")
     args = parser.parse_args()
 
     def preempted(signum: int, frame: Any) -> None:
@@ -160,6 +170,8 @@ def main() -> None:
                 if model["step"] % args.every == 0:
                     os.fsync(log.fileno())
                     state = {"model": model, "log_bytes": log.tell(), "data": pipeline.getstate()}
+                    if args.disk_full_at and model["step"] >= args.disk_full_at:
+                        fill_disk()
                     save_checkpoint(pattern, state, step=model["step"], keep=2)
     after = snapshot_resources()
     (args.workdir / "finished.json").write_text(json.dumps({"before": before, "after": after}))

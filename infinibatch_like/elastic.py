@@ -59,12 +59,15 @@ class Pooling:
         refuse: the error for a stage that cannot be elastic (given the stage's name).
         num_shards: the new pipeline's number of shards, when known (else the pooled
             shards must be ``0 .. n-1``).
+        check_shards: called with the number of pooled shards once they are checked,
+            before they are split: raises if the new job cannot use them.
     """
 
     owner: str
     unit: str
     refuse: Callable[[str], ValueError]
     num_shards: int | None = None
+    check_shards: Callable[[int], None] | None = None
 
 
 def elastic_state(
@@ -187,6 +190,8 @@ def _sharded(
                 f"states of every old {pooling.unit}"
             )
         )
+    if pooling.check_shards is not None:
+        pooling.check_shards(num_shards)
     owned = owned_shards(num_shards, rank, world_size)
     merged: State = {
         "stage": "ShardedIterator",

@@ -127,12 +127,13 @@ class _MapRunner(Runner):
         dispatcher = self.dispatcher
         assert dispatcher is not None
         while len(self.in_flight) < self.tasks_in_flight and not dispatcher.exhausted:
+            first = dispatcher.dispatched
             items = dispatcher.take(self.task_size)
             if not items:
                 return
             if self.pool is None:
                 self.pool = self._new_pool()
-            task = Task(self.number, items, self.probe is not None)
+            task = Task(self.number, items, self.probe is not None, first)
             self.number += 1
             self.pool.submit(task)
             self.in_flight.append(task)
@@ -231,7 +232,8 @@ class ParallelMapIterator(BudgetedStage[Any], BackgroundStage[Any]):
         ValueError: for an argument out of range, an unknown mode or start method.
         Exception: whatever the source or the transform raises, in the consumer at the
             item that raised it, with the worker's traceback as ``__cause__`` and a note
-            naming the stage; ``getstate()`` then points at that item.
+            naming the stage; ``getstate()`` then points at that item. An output that a
+            worker process cannot pickle fails the same way, at its item.
         WorkerError: (a RuntimeError) if a worker process dies, within a second or so.
         SkipBudgetExceeded: with a `SkipPolicy`, when more items fail than it allows;
             ``getstate()`` then raises (restore an earlier checkpoint).

@@ -148,7 +148,8 @@ class PrefetchIterator(BackgroundStage[Any]):
         ValueError: for ``buffer_size <= 0``, an unknown mode or start method.
         Exception: whatever the source raises, re-raised in the consumer at the position
             where it happened, with the worker's traceback as ``__cause__`` and a note
-            naming the stage; ``getstate()`` then points at the failing item.
+            naming the stage; ``getstate()`` then points at the failing item. An item that
+            the worker process cannot pickle fails the same way, at its position.
         WorkerError: (a RuntimeError) if the worker process dies, within a second or so,
             whatever it was doing.
 

@@ -164,7 +164,13 @@ class _Monitor:
             self.pipeline, self.consumer
         )
         stacks = thread_stacks()
-        workers = worker_stacks(worker_pids(), WORKER_ANSWER_S)
+        try:
+            workers = worker_stacks(worker_pids(), WORKER_ANSWER_S)
+        except Exception as error:  # the stall is reported all the same
+            workers = (
+                "the stacks of the worker processes could not be collected "
+                f"({type(error).__name__}: {error})"
+            )
         logger.warning("%s\n\n%s\n%s", summary, stacks, workers)
         return summary
 

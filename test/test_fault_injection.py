@@ -1,4 +1,5 @@
-"""Fault injection in the suite: a real training loop killed and restarted loses nothing.
+"""Fault injection in the suite: a real training loop killed and restarted loses nothing;
+hostile input that the library holds against, each case bounded in time and memory.
 
 A few campaigns of ``bench/fault_harness.py`` (``bench/fault_injection.py`` runs 50+ kills
 and prints the table of the docs): the loop of ``bench/fault_loop.py`` with the full
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the harness rea
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import fault_harness as harness  # noqa: E402
+import hostile_input as hostile  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +127,66 @@ def test_restart_with_damaged_checkpoints_resumes_from_an_intact_one_or_refuses(
     assert result.returncode == 1  # not a silent restart from step 0
     assert "CheckpointFileError: load_checkpoint: none of the 2 checkpoint files" in result.stderr
     assert campaign.consumed() == reference
+
+
+def test_a_full_disk_run_is_judged_by_what_it_leaves_and_what_it_says(tmp_path: Path) -> None:
+    for name in ("consumed.log", "stderr.txt", "ckpt-7.json", "ckpt-14.json"):
+        (tmp_path / name).write_text("")
+    assert harness._files_left(tmp_path) == []
+    (tmp_path / ".ckpt-21.json.0123abcd.tmp").write_text("")
+    assert harness._files_left(tmp_path) == [
+        "left in the run's directory after the failed save: ['.ckpt-21.json.0123abcd.tmp']"
+    ]
+    named = "OSError: [Errno 27] File too large: '/run/.ckpt-21.json.0123abcd.tmp'"
+    assert harness._disk_full_error(f"Traceback ...\n{named}\n") == []
+    assert harness._disk_full_error("OSError: [Errno 27] File too large\n") == [
+        "the full-disk error does not name the checkpoint file: OSError: [Errno 27] File too large"
+    ]
+    assert harness._disk_full_error("KeyError: 'x'")[0].startswith("the run did not fail of")
+
+
+def test_the_loop_is_told_when_its_disk_fills() -> None:
+    assert harness.Kill(harness.DISK_FULL, at_step=21).arguments() == ["--disk-full-at=21"]
+    assert harness.Kill("SIGTERM", at_step=21).arguments() == []
+
+
+# -- hostile input (bench/hostile_input.py): the families that hold, each case bounded ------
+
+HOLDING = [
+    "RetryPolicy-1100-resets",
+    "resize-num_workers-1e9",
+    "resize-world_size-1e9",
+    "watchdog-stack-files",
+    "unpicklable-output-fork",
+    "unpicklable-output-spawn",
+]
+
+
+@pytest.mark.parametrize("name", HOLDING)
+def test_hostile_input_case_holds_within_its_bounds(name: str, tmp_path: Path) -> None:
+    verdict = hostile.run_case(hostile.cases.BY_NAME[name], tmp_path)
+    assert verdict.passed, verdict.detail
+    assert verdict.seconds <= verdict.max_s
+    assert 0 < verdict.peak_mib <= verdict.max_mib
+
+
+@pytest.mark.parametrize(
+    ("output", "code", "timed_out", "peak", "verdict"),
+    [
+        ('{"passed": true, "detail": "refused: ValueError"}\n', 0, False, 50.0,
+         (True, "refused: ValueError")),
+        ('{"passed": true, "detail": "read"}\n', 0, False, 900.0,
+         (False, "peak RSS 900 MiB over 200 MiB: read")),
+        ("", -9, True, 61.0, (False, "no answer within 10 s (killed; peak 61 MiB)")),
+        ('{"passed": false, "detail": "accepted without an error"}\n', 0, False, 30.0,
+         (False, "accepted without an error")),
+        ("Traceback ...\nMemoryError\n", 1, False, 30.0,
+         (False, "the case crashed (exit 1): Traceback ...\nMemoryError\n")),
+    ],
+    ids=["held", "over-memory", "timed-out", "failed", "crashed"],
+)
+def test_hostile_input_verdicts(
+    output: str, code: int, timed_out: bool, peak: float, verdict: tuple[bool, str]
+) -> None:
+    case = hostile.cases.Case("family", "case", lambda scratch: "", max_s=10, max_mib=200)
+    assert hostile._judge(case, output, code, timed_out, 1.0, peak) == verdict

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import io
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -191,3 +192,75 @@ def test_a_file_without_ranges_that_changed_is_not_spliced(sleeps: list[float]) 
     store.versions.append(b"b" * 9000)
     with pytest.raises(ChunkReadError, match=r"x://k changed while it was being read"):
         raw.read(1000)
+
+
+def test_a_long_run_of_transient_failures_never_overflows_the_backoff(sleeps: list[float]) -> None:
+    failures = iter(range(1100))
+
+    def action() -> str:
+        if next(failures, None) is not None:
+            raise ConnectionResetError("reset")
+        return "done"
+
+    policy = RetryPolicy(tries=10**9, first_delay=0, max_delay=0)
+    assert call_with_retries(action, "s3://b/k", "reading", policy) == "done"
+    assert sleeps == [0.0] * 1100
+    assert retry_counts() == {"ConnectionResetError": 1100}
+
+
+@pytest.mark.parametrize(
+    ("first_delay", "max_delay", "retry"),
+    [
+        *[
+            (first, top, n)
+            for first, top in [(0.1, 2.0), (2.0, 2.0), (1.0, 1e308)]
+            for n in (1025, 1100)
+        ],
+        *[
+            (first, top, n)
+            for first, top in [(5e-324, 1e308), (1e-300, 1e300)]
+            for n in (2200, 10**6)
+        ],
+        (0.1, 2.0, 10**30),
+        (5e-324, 1.7e308, 10**30),
+    ],
+)
+def test_backoff_is_capped_by_max_delay_for_any_retry_number(
+    retry: int, first_delay: float, max_delay: float
+) -> None:
+    policy = RetryPolicy(tries=3, first_delay=first_delay, max_delay=max_delay)
+    waits = [policy.delay(retry) for _ in range(20)]
+    assert all(max_delay / 2 <= wait <= max_delay for wait in waits)
+    assert len(set(waits)) > 1  # half of each wait is jitter
+
+
+def test_backoff_doubles_from_first_delay_then_stops_at_max_delay() -> None:
+    policy = RetryPolicy(tries=3, first_delay=1e-300, max_delay=1e300)
+    # 1e-300 * 2 ** 1993 < 1e300 < 1e-300 * 2 ** 1994: retry 1994 is the last one below the cap
+    for retry, cap in [(1993, math.ldexp(1e-300, 1992)), (1994, math.ldexp(1e-300, 1993))]:
+        assert cap / 2 <= policy.delay(retry) <= cap < 1e300
+    assert 1e300 / 2 <= policy.delay(1995) <= 1e300
+
+
+@pytest.mark.parametrize("retry", [0, -1, -(10**30), 1.5, True, "2"])
+def test_backoff_refuses_a_retry_number_below_one_or_not_an_int(retry: object) -> None:
+    with pytest.raises(
+        ValueError, match=f"RetryPolicy.delay: retry must be an int >= 1, got {retry!r}"
+    ):
+        RetryPolicy().delay(retry)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"max_delay": float("inf")}, "max_delay must be a finite number, got inf"),
+        ({"first_delay": float("nan")}, "first_delay must be a finite number, got nan"),
+        ({"first_delay": "0.1"}, "first_delay must be a finite number, got '0.1'"),
+        ({"max_delay": None}, "max_delay must be a finite number, got None"),
+        ({"first_delay": True}, "first_delay must be a finite number, got True"),
+        ({"max_delay": 10**400}, "max_delay must be a finite number, got 1000"),
+    ],
+)
+def test_retry_policy_refuses_delays_that_are_not_finite_numbers(arguments, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        RetryPolicy(**arguments)

@@ -343,3 +343,35 @@ def test_the_dataset_names_the_conversion_when_a_reader_state_does_not_fit() -> 
     other.load_state_dict(single.state_dict())
     with pytest.raises(StateMismatchError, match=r"infinibatch_like\.torch\.resize_loader_state"):
         iter(other)
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    ("arguments", "readers"),
+    [
+        ({"num_workers": 10**9}, r"1000000000 readers \(world_size=1 x num_workers=1000000000"),
+        ({"num_workers": 9}, r"9 readers \(world_size=1 x num_workers=9"),
+        ({"num_workers": 0, "world_size": 10**9}, r"1000000000 readers \(world_size=1000000000"),
+        ({"num_workers": 3, "world_size": 3, "rank": 2}, r"9 readers \(world_size=3 x num_w"),
+    ],
+)
+def test_more_readers_than_shards_are_refused_at_once(
+    two_workers: Any, arguments: dict[str, Any], readers: str
+) -> None:
+    with pytest.raises(
+        ValueError,
+        match=f"resize_loader_state: the new job would have {readers}.* for the 8 shards "
+        "that the states hold: a reader beyond the shards would read nothing",
+    ):
+        resize_loader_state(two_workers, **arguments)
+
+
+def test_as_many_readers_as_shards_are_accepted(two_workers: Any) -> None:
+    states = [resize_loader_state(two_workers, num_workers=4, rank=r, world_size=2) for r in (0, 1)]
+    workers = [s["_snapshot"]["_worker_snapshots"] for s in states]
+    shards = [
+        [entry["shard"] for entry in w[f"worker_{i}"]["dataset_state"]["pipeline"]["shards"]]
+        for w in workers
+        for i in range(4)
+    ]
+    assert shards == [[shard] for shard in range(SHARDS)]

@@ -321,3 +321,34 @@ def test_spawned_workers_leak_no_semaphores_or_warnings(tmp_path: Path) -> None:
     assert done.stdout.strip() == "ok"
     assert "leaked" not in done.stderr, done.stderr
     assert "Warning" not in done.stderr, done.stderr
+
+
+def lock_at_5(x: int) -> Any:
+    """Item 5's output cannot be pickled."""
+    return threading.Lock() if x == 5 else x
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_an_unpicklable_output_comes_after_every_item_before_it(method: str) -> None:
+    def make() -> it.ParallelMapIterator:
+        return it.ParallelMapIterator(native(12), lock_at_5, 2, 2, start_method=method)
+
+    with make() as pipeline:
+        got: list[Any] = []
+        with pytest.raises(TypeError, match=r"cannot pickle '_thread\.lock' object") as info:
+            drain(pipeline, got)
+        assert got == [0, 1, 2, 3, 4]  # item 4 shares item 5's task
+        notes = "\n".join(getattr(info.value, "__notes__", []))
+        assert (
+            "pickling the output returned by ParallelMapIterator's transform lock_at_5 on "
+            "item 5 (source position 5)" in notes
+        )
+        assert "in a worker process of ParallelMapIterator" in notes
+        assert "lock_at_5" in "".join(traceback.format_exception(info.value))
+        state = pipeline.getstate()
+    assert state["replay"] == 5
+    with make() as fresh:  # the state points at the failing item
+        fresh.setstate(state)
+        with pytest.raises(TypeError, match=r"cannot pickle '_thread\.lock' object"):
+            next(fresh)
+    assert not children()

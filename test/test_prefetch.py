@@ -468,3 +468,31 @@ def test_a_worker_process_keeps_about_buffer_size_big_items_ready() -> None:
         # taken, the one blocked in put and the message being written.
         assert 64 <= PRODUCED.value <= 64 + 8
         assert [int.from_bytes(b[:4], "little") for b in pipeline] == list(range(1, 1000))
+
+
+def lock_at_5(x: int) -> Any:
+    return threading.Lock() if x == 5 else x
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("buffered", [False, True])
+def test_an_unpicklable_item_comes_after_every_item_before_it(method: str, buffered: bool) -> None:
+    def make() -> PrefetchIterator:
+        source = it.MapIterator(it.NativeCheckpointableIterator(list(range(12))), lock_at_5)
+        return PrefetchIterator(source, 40, buffered, mode="process", start_method=method)
+
+    with make() as pipeline:
+        got: list[Any] = []
+        with pytest.raises(TypeError, match=r"cannot pickle '_thread\.lock' object") as info:
+            drain(pipeline, got)
+        assert got == [0, 1, 2, 3, 4]  # the worker's messages: items 0, 1-2, 3-6, ...
+        notes = "\n".join(getattr(info.value, "__notes__", []))
+        assert "pickling the source's item at position 5 to send it" in notes
+        assert "in the worker process of PrefetchIterator" in notes
+        state = pipeline.getstate()
+    assert state["replay"] == 5
+    with make() as fresh:
+        fresh.setstate(state)
+        with pytest.raises(TypeError, match=r"cannot pickle '_thread\.lock' object"):
+            next(fresh)
+    assert not children()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import threading
 import time
 from collections import defaultdict
 from itertools import islice
@@ -402,3 +403,32 @@ def test_changed_weights_move_with_their_shards_to_other_ranks() -> None:
             seen[shard_of(item, shards)].append(item)
         for shard in pipeline.shards:
             assert seen[shard] == reference[shard][start[shard] : start[shard] + 10], shard
+
+
+def lock_at_4(shard: int, num_shards: int) -> it.CheckpointableIterator[Any]:
+    """Shard `shard`'s items ``(shard, 0..7)``; shard 1's item 4 cannot be pickled."""
+
+    def item(index: int) -> Any:
+        return threading.Lock() if (shard, index) == (1, 4) else (shard, index)
+
+    return it.MapIterator(it.NativeCheckpointableIterator(list(range(8))), item)
+
+
+@pytest.mark.parametrize("method", multiprocessing.get_all_start_methods())
+def test_an_unpicklable_item_of_a_shard_comes_after_every_item_before_it(method: str) -> None:
+    def make() -> ShardedIterator[Any]:
+        return ShardedIterator(lock_at_4, 2, 0, 1, workers=2, start_method=method)
+
+    with make() as pipeline:
+        got: list[Any] = []
+        with pytest.raises(TypeError, match=r"cannot pickle '_thread\.lock' object") as info:
+            got.extend(pipeline)
+        # shard 1's worker sends items 0, 1-2, 3-6: item 3 comes before the error
+        assert got == [(shard, index) for index in range(4) for shard in (0, 1)] + [(0, 4)]
+        assert "in the worker process of PrefetchIterator" in "\n".join(info.value.__notes__)
+        state = pipeline.getstate()
+    with make() as fresh:  # the state points at the failing item
+        fresh.setstate(state)
+        with pytest.raises(TypeError, match=r"cannot pickle '_thread\.lock' object"):
+            next(fresh)
+    assert not multiprocessing.active_children()

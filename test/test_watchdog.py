@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -13,6 +17,9 @@ from typing import Any
 import pytest
 
 import infinibatch_like.iterators as it
+from infinibatch_like import watchdog as watchdog_module
+from infinibatch_like._background import stacks
+from infinibatch_like._background.lifecycle import worker_pids
 from infinibatch_like.watchdog import StallError, Watchdog
 
 
@@ -159,3 +166,159 @@ def test_bad_arguments_are_refused(kwargs: dict[str, Any], error: type, message:
     arguments = {"pipeline": it.NativeCheckpointableIterator([1]), **kwargs}
     with pytest.raises(error, match=message):
         Watchdog(**arguments)
+
+
+class ReleaseAfter(logging.Handler):
+    """Counts the watchdog's stall reports; opens `gate` after the `count`-th."""
+
+    def __init__(self, gate: Path, count: int) -> None:
+        super().__init__(logging.WARNING)
+        self.gate, self.count, self.reports = gate, count, []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("Watchdog: no item reached the consumer"):
+            self.reports.append(record.getMessage())
+            if len(self.reports) == self.count:
+                self.gate.touch()
+
+
+@pytest.mark.parametrize(
+    ("planted", "method"), [("directory", "fork"), ("symlink", "fork"), ("directory", "spawn")]
+)
+def test_files_planted_in_a_shared_tmpdir_do_not_stop_the_stall_reports(
+    planted: str, method: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leaks: None
+) -> None:
+    shared = tmp_path / "tmp"  # stands for a /tmp that other users write to
+    shared.mkdir()
+    monkeypatch.setenv("TMPDIR", str(shared))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    gate = tmp_path / "gate"
+    source = it.MapIterator(it.NativeCheckpointableIterator([1, 2, 3]), BlockingRead(gate))
+    prefetched = it.PrefetchIterator(source, 4, start_method=method)
+    assert next(prefetched) == 1  # the worker has started: the watchdog starts afterwards
+    watched = Watchdog(prefetched, timeout_s=0.3)
+    counter = ReleaseAfter(gate, 3)
+    logging.getLogger("infinibatch_like").addHandler(counter)
+    deadline = threading.Timer(20, gate.touch)  # the test fails, rather than hangs, without reports
+    deadline.start()
+    try:
+        with watched:
+            (pid,) = worker_pids()
+            for name in (f"infinibatch_like-stacks-{pid}.txt", f"{pid}.txt"):
+                if planted == "directory":
+                    (shared / name).mkdir()
+                else:
+                    (shared / name).symlink_to(victim)
+            assert list(watched) == [2, 3]
+    finally:
+        logging.getLogger("infinibatch_like").removeHandler(counter)
+        deadline.cancel()
+        gate.touch()
+    assert len(counter.reports) == 3
+    assert all(f"Worker process {pid}:\n" in report for report in counter.reports)
+    assert all("in wait_for_gate" in report for report in counter.reports)
+    assert victim.read_text() == "keep me"
+    kind = Path.is_dir if planted == "directory" else Path.is_symlink
+    assert all(kind(shared / name) for name in (f"infinibatch_like-stacks-{pid}.txt", f"{pid}.txt"))
+
+
+def test_a_report_that_cannot_get_the_workers_stacks_still_reports_the_stall(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leaks: None
+) -> None:
+    def broken(pids: Any, timeout: float) -> str:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(watchdog_module, "worker_stacks", broken)
+    gate = tmp_path / "gate"
+    counter = ReleaseAfter(gate, 2)
+    logging.getLogger("infinibatch_like").addHandler(counter)
+    deadline = threading.Timer(20, gate.touch)
+    deadline.start()
+    try:
+        with Watchdog(pipeline(gate, "process"), timeout_s=0.3) as watched:
+            assert list(watched) == ["1", "2", "3"]
+    finally:
+        logging.getLogger("infinibatch_like").removeHandler(counter)
+        deadline.cancel()
+        gate.touch()
+    assert len(counter.reports) == 2
+    assert all(
+        "the stacks of the worker processes could not be collected (OSError: [Errno 28] No "
+        "space left on device)" in report
+        for report in counter.reports
+    )
+    assert all('Thread "MainThread"' in report for report in counter.reports)
+
+
+def test_workers_answer_in_a_private_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stacks, "_ANSWERS", [])  # this process's, chosen afresh
+    directory = Path(stacks.answers_dir())
+    assert directory.parent == Path(tempfile.gettempdir())
+    assert directory.name.startswith("infinibatch_like-stacks-")
+    assert len(directory.name) == len("infinibatch_like-stacks-") + 24  # 96 random bits
+    assert not directory.exists()  # until a report asks for stacks
+    try:
+        assert stacks.open_answers_dir() == str(directory)
+        assert directory.stat().st_mode & 0o777 == 0o700
+        assert directory.stat().st_uid == os.getuid()
+        assert stacks.open_answers_dir() == str(directory)  # ours: used again
+    finally:
+        directory.rmdir()
+
+
+@pytest.mark.parametrize("planted", ["symlink", "open directory", "file"])
+def test_something_planted_at_the_private_directory_is_refused(
+    planted: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "infinibatch_like-stacks-guessed"
+    if planted == "symlink":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        path.symlink_to(tmp_path / "elsewhere")
+    elif planted == "open directory":
+        path.mkdir()
+        path.chmod(0o777)
+    else:
+        path.write_text("")
+    monkeypatch.setattr(stacks, "_ANSWERS", [str(path)])
+    with pytest.raises(PermissionError, match="exists and is not a private directory of this"):
+        stacks.open_answers_dir()
+
+
+METHODS = multiprocessing.get_all_start_methods()
+
+
+def read_in_a_child_process() -> None:
+    """Reads with a worker process, whose stacks it asks for (as a stall report does)."""
+    with it.PrefetchIterator(it.NativeCheckpointableIterator([1, 2]), 2) as items:
+        assert next(items) == 1
+        assert "Worker process" in stacks.worker_stacks(worker_pids(), 5.0)
+        assert os.path.isdir(stacks.answers_dir())
+        assert list(items) == [2]
+
+
+CHILD = """
+import multiprocessing, sys
+sys.path.insert(0, {test!r})
+from test_watchdog import read_in_a_child_process
+
+if __name__ == "__main__":
+    child = multiprocessing.get_context({method!r}).Process(target=read_in_a_child_process)
+    child.start()
+    child.join()
+    assert child.exitcode == 0, child.exitcode
+    read_in_a_child_process()
+"""
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_private_directories_are_removed_at_exit(method: str, tmp_path: Path) -> None:
+    # a multiprocessing child (a DataLoader worker) that starts workers makes its own
+    script = tmp_path / "run.py"
+    script.write_text(CHILD.format(test=str(Path(__file__).parent), method=method))
+    private = tmp_path / "tmp"
+    private.mkdir()
+    environment = {**os.environ, "TMPDIR": str(private)}
+    subprocess.run([sys.executable, str(script)], env=environment, check=True, timeout=60)
+    assert os.listdir(private) == []

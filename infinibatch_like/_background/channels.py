@@ -20,7 +20,15 @@ from .._base import CheckpointableIterator, fast_iterator, source_state
 from .._probe import WorkerStats
 from . import wire
 from .cursor import replay
-from .errors import WorkerError, as_exception, chain_names, died, local_error, report_error
+from .errors import (
+    ErrorReport,
+    WorkerError,
+    as_exception,
+    chain_names,
+    died,
+    local_error,
+    report_error,
+)
 from .lifecycle import (
     LAST_WORDS_S,
     POLL_S,
@@ -33,6 +41,7 @@ from .lifecycle import (
     worker_setup,
 )
 from .messages import Batch, End, Failure, Mark, Message
+from .stacks import answers_dir
 from .worker_gc import WorkerGC, worker_gc
 
 logger = logging.getLogger("infinibatch_like")
@@ -298,18 +307,21 @@ def _producer_main(
     where: str,
     produced: Any,
     collector: WorkerGC,
+    answers: str,
 ) -> None:
     """Entry point of a producer worker process; `produced` (a shared counter, None while
-    statistics are off) counts the items it produces."""
+    statistics are off) counts the items it produces; `answers`: where it writes its
+    stacks when asked (`stacks.answers_dir`)."""
     holder: list[Any] = [production.source]
 
     def close_pipeline() -> None:
         if hasattr(holder[0], "close"):
             holder[0].close()
 
-    worker_setup(parent, close_pipeline, collector)
+    worker_setup(parent, close_pipeline, collector, answers)
     pace = Pace(production.max_batch)
     outbox = _Outbox(writer.fileno(), capacity, pace)
+    position = production.replay  # of the next item, as the consumer's cursor counts
     try:
         if payload is not None:
             holder[0] = pickle.loads(payload)
@@ -322,12 +334,40 @@ def _producer_main(
                         message = message._replace(stats=stats.delta())
                 elif isinstance(message, End):
                     message = message._replace(stats=stats.delta())
-            outbox.put(message)
+            try:
+                outbox.put(message)
+            except Exception as error:
+                failure = _unsent(message, position, where, outbox)
+                outbox.put(Failure(failure or report_error(error, where, holder[0])))
+                return
+            if isinstance(message, Batch):
+                position += len(message.items)
     except BaseException as error:
         outbox.put(Failure(report_error(error, where, holder[0])))
     finally:
         outbox.close()
         close_pipeline()
+
+
+def _unsent(message: Message, position: int, where: str, outbox: _Outbox) -> ErrorReport | None:
+    """After `message` failed to pickle: if one of its items cannot be pickled, put the
+    items before it (and the snapshot among them) and return the item's error, naming its
+    source position (`position` is the message's first item's); else None (the message as
+    a whole failed, and nothing is put)."""
+    if not isinstance(message, Batch):
+        return None
+    found = wire.first_unpicklable(message.items)
+    if found is None:
+        return None
+    index, cause = found
+    mark = message.mark if message.mark is not None and message.mark.offset <= index else None
+    if index or mark is not None:
+        outbox.put(message._replace(items=message.items[:index], mark=mark))
+    return report_error(
+        cause,
+        f"pickling the source's item at position {position + index} to send it to the "
+        f"consumer, {where}",
+    )
 
 
 class ProcessChannel(Channel):
@@ -362,6 +402,7 @@ class ProcessChannel(Channel):
                 where,
                 self._produced,
                 worker_gc(),
+                answers_dir(),
             ),
             name=f"infinibatch_like.{name}.worker",
             daemon=False,

@@ -198,18 +198,22 @@ def parent_alive(parent: int) -> bool:
     return True
 
 
-def worker_setup(parent: int, on_exit: Callable[[], None], collector: worker_gc.WorkerGC) -> None:
+def worker_setup(
+    parent: int, on_exit: Callable[[], None], collector: worker_gc.WorkerGC, answers: str
+) -> None:
     """What a worker process does first: set its garbage `collector` (`set_worker_gc`, as
     the consumer had it when it started the worker), leave Ctrl-C to its consumer, run
     `on_exit` then exit at once on SIGTERM or when `parent` is gone (checked every
     `PARENT_CHECK_S`), and answer requests for its stacks (`stacks.STACKS_SIGNAL`, e.g.
-    from a `Watchdog`).
+    from a `Watchdog`) in the consumer's private directory `answers`
+    (`stacks.answers_dir`).
 
     Both are watched by a thread of its own. A SIGTERM reaches it through the signal
     wakeup descriptor, whichever thread the signal lands on: a handler would run only in
     the main thread, and only once that thread returns from what blocks it (e.g. writing
     a result to a full pipe), which a signal taken by another thread does not interrupt."""
     worker_gc.apply(collector)
+    stacks.use_answers_dir(answers)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     wakeup_reader, wakeup_writer = os.pipe()
     os.set_blocking(wakeup_writer, False)

@@ -48,6 +48,8 @@ class Task(NamedTuple):
     items: list[Any]
     timed: bool = False
     """Whether the worker measures its compute time (statistics are on)."""
+    first: int = 0
+    """The source position of the first item (counted as `ReplayCursor` counts)."""
 
 
 class Result(NamedTuple):

@@ -29,6 +29,7 @@ from .lifecycle import (
     worker_setup,
 )
 from .messages import Result, Task
+from .stacks import answers_dir
 from .worker_gc import WorkerGC, worker_gc
 
 
@@ -74,9 +75,11 @@ def _map_main(
     owner: str,
     where: str,
     collector: WorkerGC,
+    answers: str,
 ) -> None:
-    """Entry point of a map worker process of `owner` (the stage's name)."""
-    worker_setup(parent, lambda: None, collector)
+    """Entry point of a map worker process of `owner` (the stage's name); `answers`: where
+    it writes its stacks when asked (`stacks.answers_dir`)."""
+    worker_setup(parent, lambda: None, collector, answers)
     if payload is not None:
         transform = pickle.loads(payload)
     assert transform is not None
@@ -88,16 +91,28 @@ def _map_main(
         task: Task | None = pickle.loads(frame)
         if task is None:
             return
-        outputs, error, origin, busy = _apply(transform, task, owner)
-        failure: ErrorReport | None = None
-        if error is not None:
-            failure = report_error(error, f"{origin}, {where}")
-        try:
-            data = pickle.dumps(Result(task.number, outputs, failure, busy), wire.PROTOCOL)
-        except Exception as error:
-            failure = report_error(error, f"{where}, pickling the transform's outputs")
-            data = pickle.dumps(Result(task.number, [], failure), wire.PROTOCOL)
-        wire.write_frame(out, data)
+        wire.write_frame(out, _result_frame(transform, task, owner, where))
+
+
+def _result_frame(transform: Callable[[Any], Any], task: Task, owner: str, where: str) -> bytes:
+    """The pickled `Result` of `task`. An output that cannot be pickled ends it like an
+    error of the transform on that item: the outputs before it, then its pickling error."""
+    outputs, error, origin, busy = _apply(transform, task, owner)
+    failure: ErrorReport | None = None
+    if error is not None:
+        failure = report_error(error, f"{origin}, {where}")
+    try:
+        return pickle.dumps(Result(task.number, outputs, failure, busy), wire.PROTOCOL)
+    except Exception as pickling_error:
+        found = wire.first_unpicklable(outputs)
+        if found is None:  # each output pickles alone: the result as a whole did not
+            failure = report_error(pickling_error, f"pickling the transform's outputs, {where}")
+            return pickle.dumps(Result(task.number, [], failure, busy), wire.PROTOCOL)
+        index, cause = found
+        origin = call_origin(owner, "transform", transform, task.items[index])
+        what = f"pickling the output returned {origin} (source position {task.first + index})"
+        failure = report_error(cause, f"{what}, {where}")
+        return pickle.dumps(Result(task.number, outputs[:index], failure, busy), wire.PROTOCOL)
 
 
 class _Sender:
@@ -169,6 +184,7 @@ class ProcessPool(Pool):
                         name,
                         where,
                         worker_gc(),
+                        answers_dir(),
                     ),
                     name=f"infinibatch_like.{name}.worker-{index}",
                     daemon=False,

@@ -55,6 +55,17 @@ def dumps_for_worker(owner: str, what: str, value: object, method: str) -> bytes
         ) from error
 
 
+def first_unpicklable(values: list[object]) -> tuple[int, Exception] | None:
+    """The index of the first of `values` that plain pickle cannot send, and its error;
+    None if each can be sent (used after a whole message failed to pickle)."""
+    for index, value in enumerate(values):
+        try:
+            pickle.dumps(value, PROTOCOL)
+        except Exception as error:
+            return index, error
+    return None
+
+
 def write_frame(fd: int, data: bytes) -> None:
     """Write `data` as one frame to the (blocking) pipe `fd`."""
     view = memoryview(len(data).to_bytes(_HEADER, "little") + data)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import random
 import threading
 import time
@@ -79,8 +80,8 @@ class RetryPolicy:
 
     Args:
         tries: how many tries in all (>= 1; 1 never retries).
-        first_delay: the wait before the first retry, in seconds (>= 0).
-        max_delay: the longest wait between two tries, in seconds (>= first_delay).
+        first_delay: the wait before the first retry, in seconds (>= 0, finite).
+        max_delay: the longest wait between two tries, in seconds (>= first_delay, finite).
     """
 
     tries: int = 6
@@ -90,6 +91,10 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if isinstance(self.tries, bool) or not isinstance(self.tries, int) or self.tries < 1:
             raise ValueError(f"RetryPolicy: tries must be an int >= 1, got {self.tries!r}")
+        for name in ("first_delay", "max_delay"):
+            value = getattr(self, name)
+            if not _is_finite_number(value):
+                raise ValueError(f"RetryPolicy: {name} must be a finite number, got {value!r}")
         if not 0 <= self.first_delay <= self.max_delay:
             raise ValueError(
                 "RetryPolicy: need 0 <= first_delay <= max_delay, got "
@@ -97,9 +102,34 @@ class RetryPolicy:
             )
 
     def delay(self, retry: int) -> float:
-        """The wait before retry number `retry` (1 for the second try), with jitter."""
-        cap = min(self.max_delay, self.first_delay * 2.0 ** (retry - 1))
+        """The wait before retry number `retry` (1 for the second try), with jitter.
+
+        Any retry number is answered without overflow: once the doubled delay would pass
+        `max_delay`, the cap is `max_delay` itself.
+
+        Raises:
+            ValueError: if `retry` is not an int >= 1.
+        """
+        if isinstance(retry, bool) or not isinstance(retry, int) or retry < 1:
+            raise ValueError(f"RetryPolicy.delay: retry must be an int >= 1, got {retry!r}")
+        doublings = retry - 1
+        if self.first_delay == 0:
+            cap = 0.0
+        elif doublings >= math.log2(self.max_delay) - math.log2(self.first_delay):
+            cap = float(self.max_delay)
+        else:  # fewer doublings than it takes to pass max_delay: the product is finite
+            cap = min(self.max_delay, math.ldexp(self.first_delay, doublings))
         return cap / 2 + _jitter.uniform(0, cap / 2)
+
+
+def _is_finite_number(value: object) -> bool:
+    """Whether `value` is an int or float (not a bool) that is a finite float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond the largest float
+        return False
 
 
 DEFAULT_RETRY = RetryPolicy()

@@ -78,7 +78,9 @@ def resize_loader_state(
             and the field; if a state was taken between two snapshots (a loader with
             ``snapshot_every_n_steps > 1`` and workers knows its workers' positions only
             at snapshots); if the readers' states do not hold every shard exactly once;
-            or if a reader's pipeline is not elastic (naming the stage and why).
+            or if a reader's pipeline is not elastic (naming the stage and why); if the
+            new job has more readers (``world_size * max(num_workers, 1)``) than the
+            states hold shards, since a reader beyond the shards would read nothing.
     """
     old = [states] if isinstance(states, dict) else states
     if not isinstance(old, list) or not old or not all(isinstance(s, dict) for s in old):
@@ -105,7 +107,18 @@ def resize_loader_state(
             "resume with the same numbers of ranks and workers"
         )
 
-    pooling = Pooling(_OWNER, "reader", refuse)
+    def check_shards(num_shards: int) -> None:
+        if world_size * readers_now > num_shards:
+            raise ValueError(
+                f"{_OWNER}: the new job would have {world_size * readers_now} readers "
+                f"(world_size={world_size} x num_workers={num_workers}, at least 1 reader per "
+                f"rank) for the {num_shards} shards that the states hold: a reader beyond the "
+                "shards would read nothing (readers are numbered rank by rank, so the last "
+                f"ranks would get no data); use at most {num_shards} readers in all (the number "
+                "of shards is fixed for the whole training)"
+            )
+
+    pooling = Pooling(_OWNER, "reader", refuse, check_shards=check_shards)
     datasets = []
     for worker in range(readers_now):
         instance_rank, num_instances = reader_identity(rank, world_size, worker, readers_now)
