@@ -2,11 +2,16 @@
 fsspec), compressed or not, with retries of transient failures.
 
 `list_chunks` finds the chunk files; `read_lines`, `read_jsonl` and `read_records` read one,
-and each serves as ``read_chunk_fn`` of `chunked_dataset_iterator`; `open_chunk` and
+and each serves as ``read_chunk_fn`` of `chunked_dataset_iterator`; `list_parquet_chunks`
+and `list_arrow_chunks` give a chunk per row group (record batch) of columnar files, read by
+`read_parquet` and `read_arrow`; `open_chunk` and
 `open_output` are the streams under them; `write_records` packs small files into a record
 chunk. Every error names the chunk.
 """
 
+from .._base import SkippableIterator
+from ._tables import TableChunk
+from .arrow_ipc import list_arrow_chunks, read_arrow
 from .errors import (
     ChunkAccessError,
     ChunkError,
@@ -16,6 +21,7 @@ from .errors import (
 )
 from .listing import list_chunks
 from .output import open_output
+from .parquet import list_parquet_chunks, read_parquet
 from .readers import read_jsonl, read_lines
 from .records import Record, read_records, write_records
 from .retry import DEFAULT_RETRY, RetryPolicy, reset_retry_counts, retry_counts
@@ -30,11 +36,17 @@ __all__ = [
     "ChunkReadError",
     "Record",
     "RetryPolicy",
+    "SkippableIterator",
+    "TableChunk",
+    "list_arrow_chunks",
     "list_chunks",
+    "list_parquet_chunks",
     "open_chunk",
     "open_output",
+    "read_arrow",
     "read_jsonl",
     "read_lines",
+    "read_parquet",
     "read_records",
     "reset_retry_counts",
     "retry_counts",

@@ -152,6 +152,77 @@ class RemoteRaw(io.RawIOBase):
         super().close()
 
 
+def open_random_access(
+    ref: str, storage_options: StorageOptions | None, policy: RetryPolicy | None
+) -> BinaryIO:
+    """The stored bytes of `ref` as a seekable file, for formats read in pieces (a Parquet
+    footer, then column chunks): a local file, or for a URL a `RangeReader`.
+
+    Raises:
+        ChunkNotFoundError, ChunkAccessError, ChunkReadError: naming `ref`.
+    """
+    if not is_url(ref):
+        return open_raw(ref, storage_options, policy)
+    fs, path = filesystem(ref, storage_options)
+    return cast(BinaryIO, RangeReader(fs, path, ref, policy))
+
+
+class RangeReader(io.RawIOBase):
+    """A remote object read by byte ranges: each ``read(n)`` at the current position is one
+    request for exactly those bytes (``cat_file`` of its fsspec file system), retried on
+    its own after a transient failure, so that a reader that seeks (Parquet, Arrow IPC)
+    fetches only what it reads. The size comes from one request at opening."""
+
+    def __init__(self, fs: Any, path: str, ref: str, policy: RetryPolicy | None) -> None:
+        self._fs, self._path, self._ref, self._policy = fs, path, ref, policy
+        self._position = 0
+        self._size = int(call_with_retries(lambda: fs.size(path), ref, "opening", policy))
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"{self._ref}: seek to {base + offset}, before the start")
+        self._position = base + offset
+        return self._position
+
+    def read(self, size: int | None = -1) -> bytes:
+        start = self._position
+        end = self._size if size is None or size < 0 else min(self._size, start + size)
+        if end <= start:
+            return b""
+        data: bytes = call_with_retries(
+            lambda: self._fs.cat_file(self._path, start=start, end=end),
+            self._ref,
+            "reading",
+            self._policy,
+        )
+        if len(data) != end - start:
+            raise ChunkReadError(
+                f"{self._ref}: asked for bytes {start}..{end - 1}, got {len(data)} bytes: the "
+                f"object changed while it was being read (it had {self._size} bytes)"
+            )
+        self._position = end
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+
 def _identity(file: Any) -> tuple[object, object]:
     """(size, ETag) of an opened fsspec file, where its file system reports them."""
     details = getattr(file, "details", None)
