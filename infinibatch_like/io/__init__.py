@@ -1,12 +1,12 @@
 """Reading and writing chunks where they live: local disks and object stores (through
 fsspec), compressed or not, with retries of transient failures.
 
-`list_chunks` finds the chunk files; `read_lines`, `read_jsonl` and `read_records` read one,
-and each serves as ``read_chunk_fn`` of `chunked_dataset_iterator`; `list_parquet_chunks`
-and `list_arrow_chunks` give a chunk per row group (record batch) of columnar files, read by
-`read_parquet` and `read_arrow`; `open_chunk` and
-`open_output` are the streams under them; `write_records` packs small files into a record
-chunk. Every error names the chunk.
+`list_chunks` finds the chunk files; `read_lines`, `read_jsonl`, `read_records` and
+`read_webdataset` (tar shards) read one, and each serves as ``read_chunk_fn`` of
+`chunked_dataset_iterator`; `list_parquet_chunks` and `list_arrow_chunks` give a chunk per
+row group (record batch) of columnar files, read by `read_parquet` and `read_arrow`.
+`open_chunk` and `open_output` are the streams under them; `write_records` packs small
+files into a record chunk. Every error names the chunk.
 """
 
 from .._base import SkippableIterator
@@ -26,6 +26,7 @@ from .readers import read_jsonl, read_lines
 from .records import Record, read_records, write_records
 from .retry import DEFAULT_RETRY, RetryPolicy, reset_retry_counts, retry_counts
 from .streams import open_chunk
+from .webdataset import read_webdataset
 
 __all__ = [
     "DEFAULT_RETRY",
@@ -48,6 +49,7 @@ __all__ = [
     "read_lines",
     "read_parquet",
     "read_records",
+    "read_webdataset",
     "reset_retry_counts",
     "retry_counts",
     "write_records",

@@ -15,7 +15,7 @@ from itertools import chain
 from typing import Any
 
 from .._callables import short_repr
-from ._compression import codec_for
+from ._compression import codec_for, refuse_archive
 from ._storage import StorageOptions
 from .errors import ChunkFormatError
 from .retry import RetryPolicy
@@ -60,6 +60,7 @@ def read_lines(
     """
     name = os.fspath(ref)
     codec_for(name)  # a bad suffix or a missing extra is reported now, not on the first line
+    refuse_archive(name, "read_lines")
     codecs.lookup(encoding)
     return chain.from_iterable(_line_blocks(name, storage_options, encoding, errors, retry))
 
@@ -90,6 +91,7 @@ def read_jsonl(
     """
     name = os.fspath(ref)
     codec_for(name)
+    refuse_archive(name, "read_jsonl")
     blocks = _line_blocks(name, storage_options, "utf-8", "strict", retry)
     return chain.from_iterable(_parsed_blocks(name, blocks, loads))
 
