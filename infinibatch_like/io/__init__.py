@@ -6,7 +6,8 @@ fsspec), compressed or not, with retries of transient failures.
 `chunked_dataset_iterator`; `list_parquet_chunks` and `list_arrow_chunks` give a chunk per
 row group (record batch) of columnar files, read by `read_parquet` and `read_arrow`.
 `open_chunk` and `open_output` are the streams under them; `write_records` packs small
-files into a record chunk. Every error names the chunk.
+files into a record chunk and `write_webdataset` samples into a tar shard. Every error
+names the chunk.
 """
 
 from .._base import SkippableIterator
@@ -26,7 +27,7 @@ from .readers import read_jsonl, read_lines
 from .records import Record, read_records, write_records
 from .retry import DEFAULT_RETRY, RetryPolicy, reset_retry_counts, retry_counts
 from .streams import open_chunk
-from .webdataset import read_webdataset
+from .webdataset import read_webdataset, write_webdataset
 
 __all__ = [
     "DEFAULT_RETRY",
@@ -53,4 +54,5 @@ __all__ = [
     "reset_retry_counts",
     "retry_counts",
     "write_records",
+    "write_webdataset",
 ]

@@ -7,11 +7,12 @@ The convention: a member's *key* is its path up to the first dot of its base nam
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tarfile
-from collections.abc import Callable, Collection, Iterator
-from typing import Any, cast
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from typing import Any, BinaryIO, cast
 
 from .._base import SkippableIterator
 from ._compression import codec_for
@@ -238,3 +239,60 @@ class _Counted:
         data: bytes = self._stream.read(size)
         self.count += len(data)
         return data
+
+
+def write_webdataset(out: BinaryIO, samples: Iterable[Mapping[str, Any]]) -> int:
+    """Write `samples` to `out` as a WebDataset tar shard; return how many were written.
+
+    Each sample is a mapping ``{"__key__": key, extension: data, ...}`` (as
+    `read_webdataset` yields them, undecoded): a member ``KEY.EXTENSION`` per extension,
+    in the mapping's order. The tar is byte for byte the same for the same samples: no
+    time stamps, owners or permissions but ``0o644``. `out` is typically
+    ``open_output("shard-000000.tar.gz")``.
+
+    Raises:
+        TypeError: for a sample that is not such a mapping, or data that is not bytes.
+        ValueError: for a key that is empty or whose base name has a dot, an empty
+            extension, or a key that came before: each naming the sample's position.
+    """
+    seen: set[str] = set()
+    count = 0
+    with tarfile.open(fileobj=cast(Any, out), mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for count, sample in enumerate(samples, 1):
+            key = _checked_key(sample, count - 1, seen)
+            for extension, data in sample.items():
+                if extension == "__key__":
+                    continue
+                if not isinstance(extension, str) or not extension or "/" in extension:
+                    raise ValueError(
+                        f"write_webdataset: sample {count - 1} ({key!r}) has the extension "
+                        f"{extension!r}; extensions are non-empty names without '/'"
+                    )
+                if not isinstance(data, (bytes, bytearray, memoryview)):
+                    raise TypeError(
+                        f"write_webdataset: sample {count - 1} ({key!r}): the data of "
+                        f"{extension!r} must be bytes, got {type(data).__name__}"
+                    )
+                info = tarfile.TarInfo(f"{key}.{extension}")
+                info.size, info.mode, info.mtime = len(data), 0o644, 0
+                tar.addfile(info, io.BytesIO(bytes(data)))
+    return count
+
+
+def _checked_key(sample: object, index: int, seen: set[str]) -> str:
+    """The key of `sample`, checked (and recorded in `seen`)."""
+    if not isinstance(sample, Mapping) or not isinstance(sample.get("__key__"), str):
+        raise TypeError(
+            f"write_webdataset: sample {index} must be a mapping with a str '__key__', got "
+            f"{type(sample).__name__}"
+        )
+    key: str = sample["__key__"]
+    if not key or "." in key.rpartition("/")[2] or key.endswith("/"):
+        raise ValueError(
+            f"write_webdataset: sample {index} has the key {key!r}; a key is a path whose "
+            "base name is non-empty and has no dot"
+        )
+    if key in seen:
+        raise ValueError(f"write_webdataset: sample {index} repeats the key {key!r}")
+    seen.add(key)
+    return key
