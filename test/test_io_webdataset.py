@@ -18,7 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infinibatch_like.datasets import chunked_dataset_iterator
-from infinibatch_like.io import ChunkFormatError, read_jsonl, read_lines, read_webdataset
+from infinibatch_like.io import (
+    ChunkFormatError,
+    open_output,
+    read_jsonl,
+    read_lines,
+    read_webdataset,
+    write_webdataset,
+)
 from infinibatch_like.records import SkipBudgetExceeded, SkipPolicy, skip_ledgers
 from infinibatch_like.testing import assert_checkpointable, check_resume
 
@@ -286,3 +293,36 @@ def test_shards_on_s3_resume_exactly(s3: S3Bucket) -> None:
     first_pass = [sample for _, sample in zip(range(16), build(), strict=False)]
     assert sorted(s["__key__"] for s in first_pass) == [f"images/{n:04d}" for n in range(16)]
     check_resume(build, max_items=40, restore_points=4, check_torch=False)
+
+
+def test_written_shards_read_back_and_are_reproducible(tmp_path: Path) -> None:
+    samples = [expected_sample(n) for n in range(5)]
+    outputs = []
+    for name in ("a.tar.gz", "b.tar.gz"):
+        with open_output(tmp_path / name) as out:
+            assert write_webdataset(out, samples) == 5
+        outputs.append((tmp_path / name).read_bytes())
+    assert outputs[0] == outputs[1]
+    assert list(read_webdataset(tmp_path / "a.tar.gz")) == samples
+
+
+@pytest.mark.parametrize(
+    ("samples", "error", "message"),
+    [
+        ([{"jpg": b""}], TypeError, "sample 0 must be a mapping with a str '__key__'"),
+        ([{"__key__": "a.b", "jpg": b""}], ValueError, "sample 0 has the key 'a.b'"),
+        ([{"__key__": "d/", "jpg": b""}], ValueError, "sample 0 has the key 'd/'"),
+        ([{"__key__": "a", "": b""}], ValueError, "sample 0 \\('a'\\) has the extension ''"),
+        ([{"__key__": "a", "txt": "text"}], TypeError, "the data of 'txt' must be bytes, got str"),
+        (
+            [{"__key__": "a", "x": b""}, {"__key__": "b"}, {"__key__": "a", "y": b""}],
+            ValueError,
+            "sample 2 repeats the key 'a'",
+        ),
+    ],
+)
+def test_writing_bad_samples_is_refused_naming_them(
+    samples: list[dict[str, Any]], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        write_webdataset(io.BytesIO(), samples)
