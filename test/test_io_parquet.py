@@ -39,6 +39,7 @@ from infinibatch_like.io import (
     read_parquet,
     retry_counts,
 )
+from infinibatch_like.records import SkipPolicy
 from infinibatch_like.testing import assert_checkpointable, check_resume
 
 FAST = RetryPolicy(tries=4, first_delay=0.01, max_delay=0.05)
@@ -199,6 +200,22 @@ def test_chunked_dataset_of_row_groups_is_checkpointable(
     if batch_rows is None:  # record batches are not plain data in a shuffle buffer's state
         assert_checkpointable(build, max_items=90, restore_points=[0, 1, 49, 50, 51, 89])
     check_resume(build, max_items=150, restore_points=6, same=same)
+
+
+@pytest.mark.parametrize(("read_ahead", "on_error"), [(2, "raise"), (0, SkipPolicy(max_skips=1))])
+def test_row_groups_resume_with_read_ahead_and_a_skip_policy(
+    tmp_path: Path, read_ahead: int, on_error: Any
+) -> None:
+    chunks = list_parquet_chunks(hub_dataset(tmp_path, parquet_bytes, (70, 45)))
+    reader = functools.partial(read_parquet, columns=["id"], filter=[("lang", "==", "en")])
+
+    def build() -> Any:
+        return chunked_dataset_iterator(
+            chunks, reader, buffer_size=16, seed=3, read_ahead_chunks=read_ahead,
+            on_error=on_error,
+        )  # fmt: skip
+
+    check_resume(build, max_items=120, restore_points=5, check_torch=False)
 
 
 class CountingMemory(MemoryFileSystem):

@@ -199,9 +199,7 @@ def checked_columns(owner: str, columns: object) -> list[str] | None:
 
 
 def _one_batch(table: Any) -> Any:
-    """A table slice as one record batch."""
-    batches = table.combine_chunks().to_batches()
-    if len(batches) == 1:
-        return batches[0]
-    pa = pyarrow_modules("reading record batches")
-    return pa.RecordBatch.from_pylist([], schema=table.schema)  # a table of no columns
+    """A (non-empty) table slice as one record batch: without a copy where its columns are
+    in one piece each, as a row group's usually are."""
+    batches = table.to_batches()
+    return batches[0] if len(batches) == 1 else table.combine_chunks().to_batches()[0]
