@@ -170,6 +170,8 @@ def test_damage_is_named(fmt: Any, tmp_path: Path) -> None:
         list_fn(pattern)
     with pytest.raises(ChunkNotFoundError, match="no file matches"):
         list_fn(str(tmp_path / "nothing-*.parquet"))
+    with pytest.raises(ValueError, match="_chunks: patterns is empty"):
+        list_fn([])
 
 
 def test_chunk_lists_of_other_row_groups_fingerprint_differently(fmt: Any, tmp_path: Path) -> None:

@@ -56,6 +56,7 @@ def pyarrow_modules(feature: str) -> Any:
 
 
 def list_table_chunks(
+    owner: str,
     patterns: Patterns,
     chunks_of: Callable[[str], list[TableChunk]],
     storage_options: StorageOptions | None,
@@ -66,7 +67,7 @@ def list_table_chunks(
     many = not isinstance(patterns, (str, os.PathLike))
     each: Sequence[Any] = patterns if many else [patterns]  # type: ignore[assignment]
     if not each:
-        raise ValueError("the patterns are empty: give a glob, a file or a list of them")
+        raise ValueError(f"{owner}: patterns is empty: give a glob, a file or a list of them")
     files = sorted(
         {
             ref

@@ -58,7 +58,7 @@ def list_arrow_chunks(
             counts = _batch_rows(file, ref)
         return [TableChunk(ref, index, rows) for index, rows in enumerate(counts) if rows]
 
-    return list_table_chunks(patterns, chunks_of, storage_options, retry)
+    return list_table_chunks("list_arrow_chunks", patterns, chunks_of, storage_options, retry)
 
 
 def read_arrow(

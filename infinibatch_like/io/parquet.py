@@ -62,7 +62,7 @@ def list_parquet_chunks(
         groups = (metadata.row_group(index).num_rows for index in range(metadata.num_row_groups))
         return [TableChunk(ref, index, rows) for index, rows in enumerate(groups) if rows]
 
-    return list_table_chunks(patterns, chunks_of, storage_options, retry)
+    return list_table_chunks("list_parquet_chunks", patterns, chunks_of, storage_options, retry)
 
 
 def read_parquet(
