@@ -276,6 +276,39 @@ def test_restore_inside_a_row_group_reads_that_row_group_only(
     assert all(a >= spans[3][0] for a, b in fetched), (spans, fetched)  # nothing before
 
 
+@pytest.mark.parametrize(
+    "filter",
+    [None, pc.field("lang") == "fr", [("lang", "==", "fr")]],
+    ids=["none", "expr", "tuples"],
+)
+def test_a_filter_fetches_its_columns_and_not_the_others(
+    counting_store: type[CountingMemory], filter: Any
+) -> None:
+    data = parquet_bytes(table_of(0, 200, text_bytes=2000))
+    with fsspec.open("countingmem://f/t.parquet", "wb") as file:
+        file.write(data)
+    metadata = pq.read_metadata(io.BytesIO(data))
+
+    def column_span(group: int, column: int) -> tuple[int, int]:
+        chunk = metadata.row_group(group).column(column)
+        start = chunk.dictionary_page_offset or chunk.data_page_offset
+        return start, start + chunk.total_compressed_size
+
+    counting_store.fetched = []
+    rows = [
+        row
+        for chunk in list_parquet_chunks("countingmem://f/*.parquet")
+        for row in read_parquet(chunk, columns=["id"], filter=filter)
+    ]
+    assert rows == [{"id": i} for i in range(200) if filter is None or i % 3 == 0]
+    fetched = {(a, b) for _, a, b in counting_store.fetched}
+    for group in range(metadata.num_row_groups):
+        assert column_span(group, 0) in fetched  # id
+        assert (column_span(group, 2) in fetched) == (filter is not None)  # lang
+        text_start, text_end = column_span(group, 1)
+        assert not any(a < text_end and text_start < b for a, b in fetched)  # never text
+
+
 def test_projection_fetches_only_the_projected_columns_from_s3(
     s3: S3Bucket, s3_proxy: FaultyProxy
 ) -> None:

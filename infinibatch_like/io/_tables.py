@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
@@ -172,6 +173,33 @@ class TableRows(SkippableIterator[Any]):
         skipped = max(0, min(count, total - self._position))
         self._go_to(self._position + skipped)
         return skipped
+
+
+_MISSING_FIELD = re.compile(r"No match for FieldRef\.Name\((.+?)\) in ")
+
+
+def columns_to_read(
+    pa: Any, schema: Any, wanted: list[str] | None, expression: Any, filtered: list[str] | None
+) -> list[str] | None:
+    """The columns to read for `wanted` (None: all) and a filter: those of `filtered` (a
+    filter's columns), or for an Expression filter the columns it refers to, found by
+    binding it to empty tables of the schema (every column where that cannot tell)."""
+    if wanted is None:
+        return None
+    if filtered is not None:
+        return list(dict.fromkeys([*wanted, *filtered]))
+    read = list(wanted)
+    names = set(schema.names)
+    for _ in range(len(schema.names) + 1):
+        try:
+            schema.empty_table().select(read).filter(expression)
+            return read
+        except pa.ArrowInvalid as error:
+            found = _MISSING_FIELD.search(str(error))
+            if found is None or found.group(1) not in names or found.group(1) in read:
+                return None
+            read.append(found.group(1))
+    return None
 
 
 def checked_chunk(owner: str, chunk: object) -> tuple[str, int, int]:

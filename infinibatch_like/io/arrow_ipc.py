@@ -21,6 +21,7 @@ from ._tables import (
     TableRows,
     checked_chunk,
     checked_columns,
+    columns_to_read,
     filter_expression,
     list_table_chunks,
     pyarrow_modules,
@@ -72,8 +73,7 @@ def read_arrow(
 ) -> Iterator[Any]:
     """The rows of one record batch of an Arrow IPC file (a `list_arrow_chunks` chunk), as
     dicts or as record batches: as `read_parquet`. Only the projected columns' buffers
-    (and those of a filter given as tuples; every column for an Expression filter) are
-    fetched, plus the footer.
+    (and those of the filter) are fetched, plus the footer.
 
     Checkpoint:
         The reader holds no state; a restore inside a batch reads that batch only and
@@ -99,11 +99,12 @@ def read_arrow(
     def load() -> Any:
         with open_random_access(path, storage_options, retry) as file:
             try:
-                names = pa.ipc.open_file(file).schema.names
-                read = None if wanted is None or filtered is None else {*wanted, *filtered}
-                unknown = sorted((read or set()) - set(names))
+                schema = pa.ipc.open_file(file).schema
+                names = schema.names
+                unknown = sorted({*(wanted or ()), *(filtered or ())} - set(names))
                 if unknown:
                     raise ChunkFormatError(f"{where}: no column {unknown} (it has {names})")
+                read = columns_to_read(pa, schema, wanted, expression, filtered)
                 options = pa.ipc.IpcReadOptions(
                     included_fields=None
                     if read is None

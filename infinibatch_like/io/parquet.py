@@ -16,6 +16,7 @@ from ._tables import (
     TableRows,
     checked_chunk,
     checked_columns,
+    columns_to_read,
     filter_expression,
     list_table_chunks,
     pyarrow_modules,
@@ -97,8 +98,9 @@ def read_parquet(
         filter: only the rows where it holds: a ``pyarrow.compute.Expression`` (e.g.
             ``pc.field("lang") == "en"``) or a list of ``(column, op, value)`` tuples, all
             of which must hold (op: ``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=``, ``in``,
-            ``not in``). Its columns are read even where `columns` leaves them out.
-            Positions (and checkpoints) count the rows that pass.
+            ``not in``). Its columns are read even where `columns` leaves them out (those
+            of an Expression are found by binding it to the file's schema). Positions (and
+            checkpoints) count the rows that pass.
         batch_rows: None: yield one dict per row; n: yield record batches of n rows
             (the last of a row group may be shorter), which positions then count.
         storage_options: options of the fsspec file system of a URL.
@@ -129,15 +131,14 @@ def read_parquet(
                     f"{where}: the file has {metadata.num_row_groups} row groups: it changed "
                     "since it was listed; list the chunks again"
                 )
-            names = metadata.schema.to_arrow_schema().names
-            read = None if wanted is None or filtered is None else [*wanted, *filtered]
-            unknown = sorted(set(read or ()) - set(names))
+            schema = metadata.schema.to_arrow_schema()
+            unknown = sorted({*(wanted or ()), *(filtered or ())} - set(schema.names))
             if unknown:
-                raise ChunkFormatError(f"{where}: no column {unknown} (it has {names})")
+                raise ChunkFormatError(f"{where}: no column {unknown} (it has {schema.names})")
+            read = columns_to_read(pa, schema, wanted, expression, filtered)
             try:
                 parquet = pa.parquet.ParquetFile(file, metadata=metadata)
-                columns_read = None if read is None else list(dict.fromkeys(read))
-                table = parquet.read_row_group(index, columns=columns_read, use_threads=False)
+                table = parquet.read_row_group(index, columns=read, use_threads=False)
             except ChunkError:
                 raise
             except (pa.ArrowException, OSError) as error:
