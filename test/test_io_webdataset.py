@@ -4,10 +4,12 @@ policy, exact restores, plain and compressed, on disk and on S3."""
 from __future__ import annotations
 
 import functools
+import gc
 import gzip
 import io
 import json
 import tarfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -326,3 +328,14 @@ def test_writing_bad_samples_is_refused_naming_them(
 ) -> None:
     with pytest.raises(error, match=message):
         write_webdataset(io.BytesIO(), samples)
+
+
+def test_a_shard_dropped_half_read_closes_its_file(tmp_path: Path) -> None:
+    (ref,) = shards(tmp_path, ".tar", [4])
+    samples = read_webdataset(ref)
+    next(samples)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        del samples
+        gc.collect()
+    assert [str(warning.message) for warning in caught] == []  # no "unclosed file"

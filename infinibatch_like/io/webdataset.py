@@ -220,6 +220,9 @@ class _Samples(SkippableIterator[dict[str, Any]]):
             f"{type(error).__name__}: {error}"
         )
 
+    def __del__(self) -> None:  # a pipeline may drop a shard half read: close its file
+        self._close()
+
     def _close(self) -> None:
         self._ended = True
         tar, stream, self._tar, self._stream = self._tar, self._stream, None, None
