@@ -215,9 +215,10 @@ class SelectManyIterator(BudgetedStage[Any]):
         source again, calls the selector again (re-reading one chunk) and skips
         `consumed` items: with the collection's ``skip`` where it is a
         `SkippableIterator` (a Parquet row group is sliced at the row, its earlier rows
-        never converted), else by taking and dropping them. Collections read ahead are not part of the state. After an error
-        in reading a collection, the state points at the failing item of it: a restore
-        re-reads the chunk and raises there again, skipping nothing. With a `SkipPolicy`,
+        never converted), else by taking and dropping them. Collections read ahead are
+        not part of the state. After an error in reading a collection, the state points
+        at the failing item of it: a restore re-reads the chunk and raises there again,
+        skipping nothing. With a `SkipPolicy`,
         `consumed` counts the failed records too, and ``"skips"`` holds the budget window
         and the ledger (bounded by ``keep_last``): a restore skips the same records.
     """
