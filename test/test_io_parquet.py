@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.feather as feather
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
@@ -137,6 +138,15 @@ def test_columns_and_filters(fmt: Any, tmp_path: Path, filter: Any) -> None:
     else:
         expected = [r for r in rows if r["lang"] == "fr"]
     assert got == [{"id": r["id"]} for r in expected]
+
+
+def test_feather_files_compressed_and_dictionary_encoded_are_arrow_chunks(tmp_path: Path) -> None:
+    table = table_of(0, 100).append_column("tag", pa.array(["x", "y"] * 50).dictionary_encode())
+    feather.write_feather(table, tmp_path / "t.feather", chunksize=30)  # lz4 by default
+    chunks = list_arrow_chunks(str(tmp_path / "*.feather"))
+    assert [chunk.rows for chunk in chunks] == [30, 30, 30, 10]
+    rows = [row for chunk in chunks for row in read_arrow(chunk, columns=["id", "tag"])]
+    assert rows == [{"id": i, "tag": "xy"[i % 2]} for i in range(100)]
 
 
 def test_bad_arguments_are_refused_at_once(fmt: Any, tmp_path: Path) -> None:
