@@ -32,6 +32,7 @@ from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.io import (
     ChunkFormatError,
     ChunkNotFoundError,
+    ChunkReadError,
     RetryPolicy,
     TableChunk,
     list_arrow_chunks,
@@ -424,3 +425,33 @@ def test_a_missing_pyarrow_names_the_arrow_extra(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert "list_parquet_chunks needs the package 'pyarrow'" in out.stdout
     assert "pip install 'infinibatch_like[arrow]'" in out.stdout
+
+
+class ShrinkingMemory(MemoryFileSystem):
+    """A memory file system whose objects lose their last byte after their size is told."""
+
+    protocol = "shrinkingmem"
+
+    def cat_file(
+        self, path: str, start: int | None = None, end: int | None = None, **kw: Any
+    ) -> Any:
+        return super().cat_file(path, start=start, end=end, **kw)[:-1]
+
+
+def test_an_object_shorter_than_its_size_is_named_not_misread() -> None:
+    fsspec.register_implementation("shrinkingmem", ShrinkingMemory, clobber=True)
+    with fsspec.open("shrinkingmem://s/t.parquet", "wb") as file:
+        file.write(parquet_bytes(table_of(0, 10)))
+    try:
+        with pytest.raises(ChunkReadError, match=r"shrinkingmem://s/t\.parquet: asked for bytes"):
+            list_parquet_chunks("shrinkingmem://s/*.parquet")
+    finally:
+        ShrinkingMemory.store.clear()
+
+
+def test_a_missing_object_is_named(s3: S3Bucket) -> None:
+    url = s3.put("t/a.parquet", parquet_bytes(table_of(0, 10)))
+    (chunk,) = list_parquet_chunks(url)
+    s3.client.delete_object(Bucket=s3.name, Key="t/a.parquet")
+    with pytest.raises(ChunkNotFoundError, match=r"t/a\.parquet: no such file or object"):
+        next(read_parquet(chunk))
