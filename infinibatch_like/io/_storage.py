@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 from collections.abc import Mapping
 from typing import Any, BinaryIO, cast
@@ -171,12 +172,15 @@ class RangeReader(io.RawIOBase):
     """A remote object read by byte ranges: each ``read(n)`` at the current position is one
     request for exactly those bytes (``cat_file`` of its fsspec file system), retried on
     its own after a transient failure, so that a reader that seeks (Parquet, Arrow IPC)
-    fetches only what it reads. The size comes from one request at opening."""
+    fetches only what it reads. The size (and the version: `version`) comes from one
+    request at opening."""
 
     def __init__(self, fs: Any, path: str, ref: str, policy: RetryPolicy | None) -> None:
         self._fs, self._path, self._ref, self._policy = fs, path, ref, policy
         self._position = 0
-        self._size = int(call_with_retries(lambda: fs.size(path), ref, "opening", policy))
+        info = call_with_retries(lambda: fs.info(path), ref, "opening", policy)
+        self._size = int(info["size"])
+        self.version = f"{self._size} {_version_of(info)}"
 
     def readable(self) -> bool:
         return True
@@ -221,6 +225,26 @@ class RangeReader(io.RawIOBase):
         data = self.read(len(view))
         view[: len(data)] = data
         return len(data)
+
+
+def file_version(file: BinaryIO) -> str | None:
+    """What identifies the content of a file opened by `open_random_access`: its size and
+    modification time (local) or ETag (an object); None where neither is known."""
+    version = getattr(file, "version", None)
+    if isinstance(version, str):
+        return version if not version.endswith(" None") else None
+    try:
+        status = os.fstat(file.fileno())
+    except (OSError, AttributeError, io.UnsupportedOperation):
+        return None
+    return f"{status.st_size} {status.st_mtime_ns}"
+
+
+def _version_of(info: Mapping[str, Any]) -> str | None:
+    for key in ("ETag", "etag", "generation", "md5Hash", "mtime", "LastModified", "created"):
+        if info.get(key) is not None:
+            return f"{key}={info[key]}"
+    return None
 
 
 def _identity(file: Any) -> tuple[object, object]:

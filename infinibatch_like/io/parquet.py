@@ -4,11 +4,13 @@ filters, resumed at a row without reading any other row group."""
 from __future__ import annotations
 
 import struct
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
 from .._base import require_int
-from ._storage import StorageOptions, open_random_access
+from ._storage import StorageOptions, file_version, open_random_access
 from ._tables import (
     Filter,
     Patterns,
@@ -80,8 +82,11 @@ def read_parquet(
     `functools.partial`).
 
     Only the byte ranges of the projected columns (and of the filter's columns) of this row
-    group are fetched, plus the file's footer: on an object store, a request per column
-    chunk, through the same storage layer and retries as every reader. The row group is
+    group are fetched, at most a request per column chunk on an object store, through the
+    same storage layer and retries as every reader; the file's footer is read once per
+    process (the latest `FOOTERS_KEPT` files' footers are kept, and used while the file's
+    size and modification time or ETag stay the same), plus a request for its size and
+    version per row group. The row group is
     read when the first row is taken, whole (decoded into Arrow memory once), then handed
     out a slice at a time.
 
@@ -160,9 +165,35 @@ _TAIL = struct.Struct("<i4s")  # the footer's length, the magic
 _FOOTER_LIMIT = 1 << 28
 
 
+FOOTERS_KEPT = 16
+"""Parquet footers kept per process (the latest used), so that reading the row groups of a
+file one by one reads its footer once (a footer can be megabytes)."""
+_footers: OrderedDict[tuple[str, str], Any] = OrderedDict()
+_footers_lock = threading.Lock()
+
+
 def _footer(pa: Any, file: BinaryIO, ref: str) -> Any:
+    """The ``FileMetaData`` of a Parquet file: from the `FOOTERS_KEPT` latest where the
+    file is unchanged (same size and modification time or ETag), else read."""
+    version = file_version(file)
+    if version is None:
+        return _read_footer(pa, file, ref)
+    key = (ref, version)
+    with _footers_lock:
+        if key in _footers:
+            _footers.move_to_end(key)
+            return _footers[key]
+    metadata = _read_footer(pa, file, ref)
+    with _footers_lock:
+        _footers[key] = metadata
+        while len(_footers) > FOOTERS_KEPT:
+            _footers.popitem(last=False)
+    return metadata
+
+
+def _read_footer(pa: Any, file: BinaryIO, ref: str) -> Any:
     """The ``FileMetaData`` of a Parquet file, in two reads of exactly its footer (pyarrow
-    alone reads the last 64 KB, again for every row group read)."""
+    alone reads the last 64 KB)."""
     size = file.seek(0, 2)
     if size >= 2 * len(_MAGIC) + 4:
         file.seek(size - _TAIL.size)
