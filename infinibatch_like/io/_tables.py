@@ -24,10 +24,10 @@ LISTING_THREADS = 16
 _OPERATORS = ("==", "=", "!=", "<", "<=", ">", ">=", "in", "not in")
 
 Patterns = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
-FilterTerm = tuple[str, str, Any]
 Filter = Any
 """A ``pyarrow.compute.Expression``, or a list of ``(column, op, value)`` tuples (all must
-hold); `op` is one of ``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=``, ``in``, ``not in``."""
+hold); `op` is one of ``==`` (or ``=``), ``!=``, ``<``, ``<=``, ``>``, ``>=``, ``in``,
+``not in``, as in pyarrow's own ``filters``."""
 
 
 class TableChunk(NamedTuple):
@@ -46,8 +46,8 @@ class TableChunk(NamedTuple):
 
 
 def pyarrow_modules(feature: str) -> Any:
-    """The ``pyarrow`` module (with ``pyarrow.compute``, ``.parquet``, ``.dataset`` and
-    ``.ipc`` imported), or MissingExtraError naming the ``arrow`` extra."""
+    """The ``pyarrow`` module (with ``pyarrow.compute``, ``.parquet`` and ``.ipc``
+    imported), or MissingExtraError naming the ``arrow`` extra."""
     try:
         for name in ("pyarrow.compute", "pyarrow.ipc", "pyarrow.parquet"):
             importlib.import_module(name)
@@ -76,7 +76,8 @@ def list_table_chunks(
             for ref in list_chunks(pattern, storage_options=storage_options, retry=retry)
         }
     )
-    with ThreadPoolExecutor(min(LISTING_THREADS, len(files))) as pool:
+    threads = min(LISTING_THREADS, len(files))
+    with ThreadPoolExecutor(threads, thread_name_prefix=f"infinibatch_like.{owner}") as pool:
         return [chunk for chunks in pool.map(chunks_of, files) for chunk in chunks]
 
 
