@@ -559,8 +559,33 @@ def state_before_last(source: Iterator[Any]) -> State | None:
     return source._state_before_last() if isinstance(source, Stage) else None
 
 
+class SkippableIterator(Iterator[T_co]):
+    """An iterator that can pass over items without producing them: a chunk reader whose
+    ``skip(count)`` is cheaper than ``count`` calls of ``next()`` (e.g. a Parquet row group
+    sliced at a row, rather than every earlier row decoded into a dict).
+
+    A stage that restores inside a collection (`SelectManyIterator`, hence
+    `chunked_dataset_iterator`) calls ``skip`` on a collection that is one, instead of
+    taking and dropping the items before the checkpoint.
+    """
+
+    @abstractmethod
+    def skip(self, count: int) -> int:
+        """Pass over the next `count` items, exactly as `count` calls of ``next()`` would
+        (a call that raises counts as one item); return how many there were (fewer than
+        `count` only where the iterator ends)."""
+
+
 def skip_items(stage: Stage[Any], iterator: Iterator[Any], n: int, what: str) -> None:
-    """Skip `n` items of `iterator` while `stage` restores; a mismatch if it ends early."""
+    """Skip `n` items of `iterator` while `stage` restores (with its ``skip`` where it is a
+    `SkippableIterator`); a mismatch if it ends early."""
+    if isinstance(iterator, SkippableIterator):
+        skipped = iterator.skip(n)
+        if skipped < n:
+            raise stage.mismatch(
+                f"the checkpoint skips {n} items of {what}, but there are only {skipped}"
+            )
+        return
     for index in range(n):
         try:
             next(iterator)

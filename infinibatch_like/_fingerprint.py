@@ -3,10 +3,11 @@
 A state records its stage's arguments (contract C10) so that a state is refused by a
 pipeline built over another list. Lists are not stored: a fingerprint is the length and
 a 64-bit hash of a stable encoding of the items (str, bytes, numbers, None and paths by
-value; a tuple or list by its length and first 8 elements, two levels deep; any other
-item by its type only, since its ``repr`` may hold a memory address). It is computed
-once, about 0.15 s for 10**6 file names; longer lists are hashed at a stride, at most
-2**20 items (2**14 where the items are tuples or lists, e.g. in-memory token lists).
+value; a tuple, named tuples included, or a list by its length and first 8 elements,
+two levels deep; any other item by its type only, since its ``repr`` may hold a memory
+address). It is computed once, about 0.15 s for 10**6 file names; longer lists are
+hashed at a stride, at most 2**20 items (2**14 where the items are tuples or lists, e.g.
+in-memory token lists).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def items_fingerprint(items: Sequence[Any]) -> str:
     """``"<length> items #<hash>"``, equal for equal lists on every machine and run."""
     if isinstance(items, range):
         return repr(items)
-    nested = len(items) > 0 and type(items[0]) in (tuple, list)
+    nested = len(items) > 0 and isinstance(items[0], (tuple, list))
     stride = max(1, len(items) // (_MOST_NESTED if nested else _MOST_HASHED))
     hashed = items if stride == 1 else items[::stride]
     digest = hashlib.blake2b(digest_size=8)
@@ -48,7 +49,7 @@ def _encoded(item: Any, depth: int = 0) -> str:
         return item  # type: ignore[no-any-return]
     if kind in _BY_VALUE or isinstance(item, PurePath):
         return repr(item)
-    if kind is tuple or kind is list:
+    if isinstance(item, tuple) or kind is list:  # named tuples (chunk references) too
         if depth >= _NESTED_DEPTH:
             return f"({len(item)})"
         head = item[:_NESTED_HEAD]

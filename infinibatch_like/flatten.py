@@ -7,12 +7,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
-from itertools import chain
+from itertools import chain, repeat
 from typing import Any, ClassVar
 
 from ._background.lifecycle import POLL_S, check_interrupt
 from ._base import (
     CheckpointableIterator,
+    SkippableIterator,
     State,
     StateMismatchError,
     fast_iterator,
@@ -70,7 +71,8 @@ class _Read:
     the records are read `tolerant`ly. If `timed`, the thread's busy time is measured.
 
     zlib, file and network reads release the GIL, so reading and decompressing the next
-    chunks overlaps with the consumer's work."""
+    chunks overlaps with the consumer's work. The first `skip` items (those a restore
+    passes over) are skipped in the thread where the collection is a `SkippableIterator`."""
 
     def __init__(
         self,
@@ -79,9 +81,11 @@ class _Read:
         item: Any,
         longest_run: int | None = None,
         timed: bool = False,
+        skip: int = 0,
     ) -> None:
         self._selector, self._selector_name, self._item = selector, selector_name, item
         self._longest_run = longest_run
+        self._skip, self._skipped = skip, 0
         self._items: list[Any] = []
         self._error: BaseException | None = None
         self._opened = False
@@ -99,7 +103,11 @@ class _Read:
             inner = _select(self._selector, self._selector_name, self._item)
             self._opened = True
             run = self._longest_run
-            self._items.extend(inner if run is None else tolerant(inner, run))
+            if run is not None:
+                inner = tolerant(inner, run)
+            if self._skip and isinstance(inner, SkippableIterator):  # not read: skipped
+                self._skipped = inner.skip(self._skip)
+            self._items.extend(inner)
         except BaseException as error:
             self._error = error
         finally:
@@ -119,7 +127,9 @@ class _Read:
         while self._thread.is_alive():
             self._thread.join(POLL_S)
             check_interrupt()
-        items = iter(self._items)
+        items: Iterator[Any] = iter(self._items)
+        if self._skipped:  # stand-ins for the items skipped in the thread, which the
+            items = chain(repeat(None, self._skipped), items)  # consumer skips again
         if self._error is None:
             return items
         error, self._error = self._error, None
@@ -204,9 +214,12 @@ class SelectManyIterator(BudgetedStage[Any]):
         ``{"source", "consumed"}``: the source's state before the current item, and how
         many of its collection's items were yielded. A restore takes that item from the
         source again, calls the selector again (re-reading one chunk) and skips
-        `consumed` items. Collections read ahead are not part of the state. After an error
-        in reading a collection, the state points at the failing item of it: a restore
-        re-reads the chunk and raises there again, skipping nothing. With a `SkipPolicy`,
+        `consumed` items: with the collection's ``skip`` where it is a
+        `SkippableIterator` (a Parquet row group is sliced at the row, its earlier rows
+        never converted), else by taking and dropping them. Collections read ahead are
+        not part of the state. After an error in reading a collection, the state points
+        at the failing item of it: a restore re-reads the chunk and raises there again,
+        skipping nothing. With a `SkipPolicy`,
         `consumed` counts the failed records too, and ``"skips"`` holds the budget window
         and the ledger (bounded by ``keep_last``): a restore skips the same records.
     """
@@ -301,6 +314,7 @@ class SelectManyIterator(BudgetedStage[Any]):
         timed = self._probe is not None
         self._window = window = _ReadAhead(self._read_ahead, self._probe)
         pending = window.pending
+        skip = self._consumed  # of the first collection: the restored one
         exhausted = False
         failure: Exception | None = None  # the source's, raised where it happened
         try:
@@ -315,7 +329,8 @@ class SelectManyIterator(BudgetedStage[Any]):
                     except Exception as error:
                         exhausted, failure = True, error
                         break
-                    read = _Read(selector, self._selector_name, item, run, timed)
+                    read = _Read(selector, self._selector_name, item, run, timed, skip)
+                    skip = 0
                     pending.append((anchor, item, read))
                 if not pending:
                     window.advance(None)

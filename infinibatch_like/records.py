@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypeVar, cast
 
-from ._base import CheckpointableIterator, Stage, State, StateMismatchError
+from ._base import CheckpointableIterator, SkippableIterator, Stage, State, StateMismatchError
 from ._callables import short_repr
 
 T = TypeVar("T")
@@ -167,22 +167,45 @@ def failure(error: BaseException) -> BadRecord:
     return BadRecord(type(error).__qualname__, message)
 
 
+class _Tolerant(SkippableIterator[Any]):
+    """See `tolerant`."""
+
+    def __init__(self, items: Iterator[Any], longest_run: int) -> None:
+        self._items, self._longest_run, self._in_a_row = items, longest_run, 0
+
+    def __next__(self) -> Any:
+        if self._in_a_row >= self._longest_run:
+            raise StopIteration
+        try:
+            item = next(self._items)
+        except StopIteration:
+            self._in_a_row = self._longest_run  # ended: sticky
+            raise
+        except Exception as error:
+            self._in_a_row += 1
+            return failure(error)
+        self._in_a_row = 0
+        return item
+
+    def skip(self, count: int) -> int:
+        items = self._items
+        if isinstance(items, SkippableIterator):  # each failed record counts as one there
+            return items.skip(count)
+        skipped = 0
+        while skipped < count and next(self, _MISSING) is not _MISSING:
+            skipped += 1
+        return skipped
+
+
+_MISSING: Any = object()
+
+
 def tolerant(items: Iterator[Any], longest_run: int) -> Iterator[Any]:
     """The items of `items`, with a `BadRecord` in place of each item whose ``next()``
     raised, as long as the iterator goes on after an error (a generator does not). Stops
-    after `longest_run` failures in a row, so that an iterator failing forever ends."""
-    in_a_row = 0
-    while in_a_row < longest_run:
-        try:
-            item = next(items)
-        except StopIteration:
-            return
-        except Exception as error:
-            in_a_row += 1
-            yield failure(error)
-            continue
-        in_a_row = 0
-        yield item
+    after `longest_run` failures in a row, so that an iterator failing forever ends. A
+    `SkippableIterator` stays one: skipping passes over its failed records as well."""
+    return _Tolerant(items, longest_run)
 
 
 _LEDGER_FIELDS: dict[str, type | tuple[type, ...]] = {

@@ -87,6 +87,8 @@ class FaultyProxy:
     faults: list[Fault] = field(default_factory=list)
     requests: list[tuple[str, str]] = field(default_factory=list)
     injected: dict[str, int] = field(default_factory=lambda: {"slow_down": 0, "reset": 0})
+    served: list[tuple[str, str, int]] = field(default_factory=list)
+    """(method, path, bytes of the answer's body) of every answer relayed from the server."""
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -138,6 +140,8 @@ def _handler_class(proxy: FaultyProxy) -> type[BaseHTTPRequestHandler]:
                 self._answer(503, {"Content-Type": "application/xml"}, _SLOW_DOWN)
                 return
             status, headers, payload = _relay(host, int(port), self, body)
+            with proxy._lock:
+                proxy.served.append((self.command, self.path, len(payload)))
             if fault == "reset" and len(payload) > 1:
                 self._answer_then_reset(status, headers, payload)
                 return

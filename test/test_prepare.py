@@ -17,8 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infinibatch_like.__main__ import main
-from infinibatch_like.io import read_jsonl, read_lines, read_records
-from infinibatch_like.prepare import ChunkIndexError, chunk_corpus, load_index, read_index
+from infinibatch_like.io import read_jsonl, read_lines, read_records, read_webdataset
+from infinibatch_like.prepare import (
+    ChunkIndexError,
+    chunk_corpus,
+    load_index,
+    read_index,
+    verify_chunks,
+)
 from infinibatch_like.prepare.checks import BadLines
 from infinibatch_like.prepare.plan import (
     Job,
@@ -717,3 +723,65 @@ def test_a_missing_bucket_is_named_by_chunk_verify_and_load_index(
         code = main(["chunk", *inputs, "--out", out, "--items-per-chunk", "2", "--quiet"])
         assert code == 2
         assert expected in capsys.readouterr().err
+
+
+def _images(root: Path, count: int) -> dict[str, dict[str, bytes]]:
+    """A directory of WebDataset-style files: per sample an image, a caption, metadata."""
+    samples: dict[str, dict[str, bytes]] = {}
+    for number in range(count):
+        key = f"{'cats' if number % 2 else 'dogs'}/{number:03d}"
+        files = {"jpg": bytes([number]) * (number + 1), "txt": f"a photo {number}".encode()}
+        if number % 3 == 0:
+            files["meta.json"] = json.dumps({"n": number}).encode()
+        samples[key] = files
+        for extension, data in files.items():
+            path = root / f"{key}.{extension}"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+    return samples
+
+
+@pytest.mark.parametrize("compress", ["none", "gz", "zst"])
+def test_directory_of_files_becomes_webdataset_shards(tmp_path: Path, compress: str) -> None:
+    samples = _images(tmp_path / "images", 11)
+    out = str(tmp_path / "shards")
+    index = chunk_corpus(
+        [str(tmp_path / "images")], out, items_per_chunk=4, input_format="wds", compress=compress
+    )
+    assert index.kind == "wds"
+    suffix = ".tar" + {"none": "", "gz": ".gz", "zst": ".zst"}[compress]
+    assert all(ref.endswith(suffix) for ref in index.chunk_refs)
+    assert [chunk.items for chunk in index.chunks] == [4, 4, 3]
+    read = [sample for ref in index.chunk_refs for sample in read_webdataset(ref)]
+    expected = [{"__key__": key, **dict(sorted(samples[key].items()))} for key in sorted(samples)]
+    assert read == expected
+    assert all(not found for _, found in verify_chunks(load_index(out)))
+
+
+def test_webdataset_shards_are_byte_identical_whatever_the_workers(tmp_path: Path) -> None:
+    _images(tmp_path / "images", 9)
+    trees = []
+    for workers, name in ((1, "one"), (2, "two")):
+        chunk_corpus(
+            [str(tmp_path / "images")], str(tmp_path / name), items_per_chunk=2,
+            input_format="wds", workers=workers,
+        )  # fmt: skip
+        trees.append(_tree(tmp_path / name))
+    assert trees[0] == trees[1]
+
+
+def test_webdataset_format_from_the_command_line_and_its_refusals(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _images(tmp_path / "images", 5)
+    out = str(tmp_path / "shards")
+    args = ["chunk", str(tmp_path / "images"), "--out", out, "--items-per-chunk", "3"]
+    assert main([*args, "--format", "wds", "--quiet"]) == 0
+    assert f"{out}: 2 chunks, 5 items, index.json written" in capsys.readouterr().out
+    assert load_index(out).kind == "wds"
+    (tmp_path / "images" / "README").write_bytes(b"no extension")
+    assert main([*args[:3], str(tmp_path / "other"), *args[4:], "--format", "wds"]) == 2
+    assert "the file 'README' in" in capsys.readouterr().err
+    lines = _write_lines(tmp_path / "lines.txt", ["a", "b"])
+    with pytest.raises(ValueError, match="writes WebDataset shards from a directory of files"):
+        chunk_corpus([str(lines)], str(tmp_path / "o"), items_per_chunk=2, input_format="wds")

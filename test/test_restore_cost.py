@@ -10,7 +10,10 @@ from typing import Any
 import pytest
 
 import infinibatch_like.iterators as it
+from infinibatch_like._base import StateMismatchError
 from infinibatch_like.datasets import chunked_dataset_iterator
+from infinibatch_like.io import SkippableIterator
+from infinibatch_like.records import SkipPolicy
 
 
 class Counter:
@@ -84,3 +87,58 @@ def test_select_many_rereads_one_collection() -> None:
     assert next(fresh) == 255
     assert reads == [25]
 
+
+
+class _CountingChunk(SkippableIterator[int]):
+    """Items 0..n-1 of a chunk; counts the items produced by next() and skipped by skip()."""
+
+    made = 0
+    skipped = 0
+
+    def __init__(self, n: int) -> None:
+        self._next, self._n = 0, n
+
+    def __next__(self) -> int:
+        if self._next >= self._n:
+            raise StopIteration
+        _CountingChunk.made += 1
+        self._next += 1
+        return self._next - 1
+
+    def skip(self, count: int) -> int:
+        skipped = min(count, self._n - self._next)
+        _CountingChunk.skipped += skipped
+        self._next += skipped
+        return skipped
+
+
+@pytest.mark.parametrize("on_error", ["raise", SkipPolicy(max_skips=2)])
+@pytest.mark.parametrize("read_ahead", [0, 2])
+def test_restore_inside_a_skippable_chunk_skips_rather_than_produces(
+    on_error: Any, read_ahead: int
+) -> None:
+    def build() -> it.CheckpointableIterator[int]:
+        return it.SelectManyIterator(
+            it.NativeCheckpointableIterator([1000, 1000, 1000]),
+            _CountingChunk,
+            read_ahead=read_ahead,
+            on_error=on_error,
+        )
+
+    original = build()
+    expected = list(itertools.islice(original, 2500))
+    state = original.getstate()
+    _CountingChunk.made = _CountingChunk.skipped = 0
+    fresh = build()
+    fresh.setstate(state)
+    assert next(fresh) == 500
+    assert expected[-1] == 499
+    assert _CountingChunk.skipped == 500
+    if read_ahead == 0:  # read-ahead reads the rest of the chunks in threads
+        assert _CountingChunk.made == 1
+    too_far = dict(state, consumed=1001)
+    refused = build()
+    refused.setstate(too_far)
+    with pytest.raises(StateMismatchError, match="skips 1001 items of the current collection, "
+                       "but there are only 1000"):
+        next(refused)

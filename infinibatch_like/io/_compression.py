@@ -24,9 +24,21 @@ from ._zstd import ZstdReader, zstandard_module
 
 REFUSED_SUFFIXES = frozenset(
     {".lz4", ".lzma", ".lz", ".lzo", ".br", ".snappy", ".sz", ".z", ".zip", ".7z", ".tgz"}
-    | {".zlib", ".deflate", ".rar", ".tar"}
+    | {".zlib", ".deflate", ".rar"}
 )
 """Suffixes of compressions and archives that are refused rather than read as plain data."""
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tar.zst", ".tar.bz2", ".tar.xz")
+"""Tar archives: opened as bytes (`open_chunk`, `open_output`); their records are read by
+`read_webdataset`, and the line and record readers refuse them."""
+
+
+def refuse_archive(ref: str, reader: str) -> None:
+    """ValueError if `ref` names a tar archive, which `reader` would read as garbage."""
+    if ref.lower().endswith(TAR_SUFFIXES):
+        raise ValueError(
+            f"{ref}: {reader} cannot read a tar archive; read WebDataset tar shards with "
+            "infinibatch_like.io.read_webdataset"
+        )
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO, cast
 
 from .._extras import missing_extra
 from ._cache import ChunkCache
-from ._ranges import RangeReader
+from ._ranges import RangeReader, fetch_range
 from .errors import ChunkReadError
 from .fetch_options import FetchOptions, fetch_options, without_fetch_options
 from .retry import RetryPolicy, call_with_retries, named_error
@@ -224,6 +224,104 @@ class RemoteRaw(io.RawIOBase):
     def close(self) -> None:
         self._drop_file()
         super().close()
+
+
+def open_random_access(
+    ref: str, storage_options: StorageOptions | None, policy: RetryPolicy | None
+) -> BinaryIO:
+    """The stored bytes of `ref` as a seekable file, for formats read in pieces (a Parquet
+    footer, then column chunks): a local file, or for a URL a `SeekableRemoteFile`.
+
+    Raises:
+        ChunkNotFoundError, ChunkAccessError, ChunkReadError: naming `ref`.
+    """
+    if not is_url(ref):
+        return open_raw(ref, storage_options, policy)
+    fs, path = filesystem(ref, storage_options)
+    return cast(BinaryIO, SeekableRemoteFile(fs, path, ref, policy))
+
+
+class SeekableRemoteFile(io.RawIOBase):
+    """A remote object read by byte ranges: each ``read(n)`` at the current position is one
+    request for exactly those bytes (``cat_file`` of its fsspec file system, through
+    `fetch_range`: retried on its own, counted in `storage_counts`), so that a reader that
+    seeks (Parquet, Arrow IPC) fetches only what it reads. The size (and the version:
+    `version`) comes from one request at opening; `RangeReader` is the sequential,
+    concurrent counterpart for whole-object streams."""
+
+    def __init__(self, fs: Any, path: str, ref: str, policy: RetryPolicy | None) -> None:
+        self._fs, self._path, self._ref, self._policy = fs, path, ref, policy
+        self._position = 0
+        info = call_with_retries(lambda: fs.info(path), ref, "opening", policy)
+        self._size = int(info["size"])
+        self.version = f"{self._size} {_version_of(info)}"
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"{self._ref}: seek to {base + offset}, before the start")
+        self._position = base + offset
+        return self._position
+
+    def read(self, size: int | None = -1) -> bytes:
+        start = self._position
+        end = self._size if size is None or size < 0 else min(self._size, start + size)
+        if end <= start:
+            return b""
+        data = fetch_range(
+            lambda first, stop: bytes(self._fs.cat_file(self._path, start=first, end=stop)),
+            self._ref,
+            self._policy,
+            None,
+            _never_expired,
+            start,
+            end,
+        )
+        self._position = end
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+
+def _never_expired(error: BaseException) -> None:
+    """No error of a whole-range request says the object changed: a short answer does."""
+    return None
+
+
+def file_version(file: BinaryIO) -> str | None:
+    """What identifies the content of a file opened by `open_random_access`: its size and
+    modification time (local) or ETag (an object); None where neither is known."""
+    version = getattr(file, "version", None)
+    if isinstance(version, str):
+        return version if not version.endswith(" None") else None
+    try:
+        status = os.fstat(file.fileno())
+    except (OSError, AttributeError, io.UnsupportedOperation):
+        return None
+    return f"{status.st_size} {status.st_mtime_ns}"
+
+
+def _version_of(info: Mapping[str, Any]) -> str | None:
+    for key in ("ETag", "etag", "generation", "md5Hash", "mtime", "LastModified", "created"):
+        if info.get(key) is not None:
+            return f"{key}={info[key]}"
+    return None
 
 
 def _identity(file: Any) -> tuple[object, object]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from .._base import require_int
 from .._callables import short_repr
-from ._compression import codec_for
+from ._compression import codec_for, refuse_archive
 from ._lines import BadLine, Block, LineSplitter, bad_line
 from ._storage import StorageOptions
 from .retry import RetryPolicy
@@ -121,6 +121,7 @@ def _checked(owner: str, ref: Ref, max_line_length: int | None) -> str:
     a bad argument is reported now, not on the first line."""
     name = os.fspath(ref)
     codec_for(name)
+    refuse_archive(name, owner)
     if max_line_length is not None:
         require_int(owner, "max_line_length", max_line_length, 1)
     return name

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from typing import BinaryIO, NamedTuple
 
 from .._callables import short_repr
-from ._compression import codec_for
+from ._compression import codec_for, refuse_archive
 from ._storage import StorageOptions
 from .errors import ChunkFormatError
 from .retry import RetryPolicy
@@ -96,6 +96,7 @@ def read_records(
     """
     name = os.fspath(ref)
     codec_for(name)  # a bad suffix or a missing extra is reported now, not on the first record
+    refuse_archive(name, "read_records")
     return _records(name, storage_options, retry)
 
 

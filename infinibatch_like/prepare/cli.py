@@ -13,7 +13,7 @@ from .._extras import MissingExtraError, missing_extra
 from ..records import OnError, SkipPolicy
 from .index import ChunkIndexError, read_index
 from .inspect_state import inspect_lines
-from .job import chunk_corpus
+from .job import INPUT_FORMATS, chunk_corpus
 from .plan import COMPRESSIONS, DEFAULT_SPLIT_BYTES
 from .verify import verify_chunks
 
@@ -37,7 +37,8 @@ def add_commands(commands: Any) -> None:
     """Add the chunk, verify and inspect sub-commands to an argparse sub-parser group."""
     chunk = commands.add_parser(
         "chunk",
-        help="cut text/JSON-lines files or a directory of files into chunks with an index",
+        help="cut text/JSON-lines files or a directory of files into chunks (or WebDataset "
+        "shards) with an index",
         description="Cut INPUT files (text lines or JSON lines, local or URLs, globs allowed, "
         "compressed by suffix) or a directory of files (one record each) into chunk files of "
         "N items plus index.json. Resumable: run it again after an interruption.",
@@ -59,9 +60,11 @@ def add_commands(commands: Any) -> None:
     )  # fmt: skip
     chunk.add_argument(
         "--format",
-        choices=("auto", "lines", "jsonl"),
+        choices=INPUT_FORMATS,
         default="auto",
-        help="input format (default: from the suffix)",
+        help="input format (default: from the suffix); wds: write the files of a directory, "
+        "grouped by key (0001.jpg, 0001.json: sample 0001), as WebDataset tar shards of N "
+        "samples",
     )
     chunk.add_argument(
         "--workers", type=at_least(1), default=None, help="processes (default: every core)"

@@ -53,9 +53,9 @@ class ChunkIndex:
 
     ``len(index)`` is the number of items; `chunk_refs` are the chunk references to give
     `chunked_dataset_iterator` (with the reader that fits `kind`: ``read_lines``,
-    ``read_jsonl`` or ``read_records`` of `infinibatch_like.io`). `items_per_epoch` and
-    `batches_per_epoch` answer, from the item counts alone, how much data a rank sees;
-    `shards` splits the chunks into shards of nearly equal item counts (for a
+    ``read_jsonl``, ``read_records`` or ``read_webdataset`` of `infinibatch_like.io`).
+    `items_per_epoch` and `batches_per_epoch` answer, from the item counts alone, how much
+    data a rank sees; `shards` splits the chunks into shards of nearly equal item counts (for a
     `ShardedIterator`).
     """
 
@@ -74,7 +74,8 @@ class ChunkIndex:
 
     @property
     def kind(self) -> str:
-        """``"lines"``, ``"jsonl"`` or ``"files"`` (records packed with ``write_records``)."""
+        """``"lines"``, ``"jsonl"``, ``"files"`` (records packed with ``write_records``) or
+        ``"wds"`` (WebDataset tar shards, read with ``read_webdataset``)."""
         return str(self.job["kind"])
 
     @property

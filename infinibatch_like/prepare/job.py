@@ -47,6 +47,7 @@ from .plan import (
     line_pieces,
     piece_of,
     plan_digest,
+    sample_pieces,
     source_of,
 )
 from .writer import PIECES_DIR, PieceDone, write_piece
@@ -54,6 +55,7 @@ from .writer import PIECES_DIR, PieceDone, write_piece
 JOB_NAME = "job.json"
 _MANIFEST = re.compile(r"^piece-[0-9]{6}\.json$")
 _OWNER = "chunk"
+INPUT_FORMATS = ("auto", "lines", "jsonl", "wds")
 
 
 def chunk_corpus(
@@ -77,14 +79,18 @@ def chunk_corpus(
             by suffix: .gz, .bz2, .xz, .zst), or local directories whose files become one
             record each (named by their path relative to the directory).
         out: the output directory or URL (created if needed).
-        items_per_chunk: the most lines (or files) per chunk. Each piece (an input file, a
-            `split_bytes` range of a large uncompressed local file, or a directory's files)
-            of n items is cut into ``ceil(n / items_per_chunk)`` chunks whose sizes differ
-            by one item at most, rather than full chunks and a short remainder, so that
-            chunks balance well over shards (`ChunkIndex.shards`). To count its items
-            first, each input file is read twice (decompressed or downloaded twice).
+        items_per_chunk: the most lines (or files, or samples) per chunk. Each piece (an
+            input file, a `split_bytes` range of a large uncompressed local file, or a
+            directory's files) of n items is cut into ``ceil(n / items_per_chunk)`` chunks
+            whose sizes differ by one item at most, rather than full chunks and a short
+            remainder, so that chunks balance well over shards (`ChunkIndex.shards`). To
+            count its items first, each input file is read twice (decompressed or downloaded twice).
         compress: ``"gz"``, ``"zst"`` or ``"none"``.
-        input_format: ``"auto"`` (from the suffix), ``"lines"`` or ``"jsonl"``.
+        input_format: ``"auto"`` (from the suffix), ``"lines"`` or ``"jsonl"``; or
+            ``"wds"`` for a directory input: its files grouped by key into samples
+            (``0001.jpg`` and ``0001.json`` make sample ``0001``), written as WebDataset
+            tar shards of `items_per_chunk` samples at most (``.tar`` plus the
+            compression's suffix), read with `read_webdataset`.
         workers: processes (default: every core); 1 works in this process.
         client: a ``dask.distributed.Client``: the pieces run as its tasks instead (every
             worker must reach the inputs and `out`).
@@ -113,9 +119,10 @@ def chunk_corpus(
         raise ValueError(
             f"{_OWNER}: compress must be one of {sorted(COMPRESSIONS)}, got {compress!r}"
         )
-    if input_format not in ("auto", "lines", "jsonl"):
+    if input_format not in INPUT_FORMATS:
         raise ValueError(
-            f"{_OWNER}: input_format must be 'auto', 'lines' or 'jsonl', got {input_format!r}"
+            f"{_OWNER}: input_format must be one of {', '.join(map(repr, INPUT_FORMATS))}, "
+            f"got {input_format!r}"
         )
     if isinstance(inputs, str) or not inputs:
         raise ValueError(f"{_OWNER}: inputs must be a non-empty list of paths, got {inputs!r}")
@@ -216,7 +223,14 @@ def _plan(
         names = directory_files(directory, leave_out=None if is_url(out) else out)
         sources = [source_of(os.path.join(directory, name), None) for name in names]
         files = [(name, source.size) for name, source in zip(names, sources, strict=True)]
+        if input_format == "wds":
+            return "wds", sample_pieces(directory, files, items_per_chunk), sources
         return "files", file_pieces(directory, files, items_per_chunk), sources
+    if input_format == "wds":
+        raise ValueError(
+            f"{_OWNER}: input_format='wds' writes WebDataset shards from a directory of "
+            f"files; {inputs[0]!r} is not a directory"
+        )
     refs: dict[str, dict[str, Any]] = {}  # each with what its listing said
     for pattern in inputs:
         if (

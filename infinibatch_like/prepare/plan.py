@@ -26,6 +26,7 @@ from typing import Any, cast
 from ..io._compression import codec_for
 from ..io._storage import filesystem
 from ..io._walk import walk_files
+from ..io.webdataset import split_name
 from ..records import SkipPolicy
 from ._refs import is_url
 
@@ -34,8 +35,8 @@ COMPRESSIONS = {"gz": ".gz", "zst": ".zst", "none": ""}
 INPUT_COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
 TEXT_SUFFIXES = ("", ".txt", ".text", ".tsv", ".csv")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
-KINDS = ("lines", "jsonl", "files")
-CHUNK_SUFFIXES = {"lines": ".txt", "jsonl": ".jsonl", "files": ".rec"}
+KINDS = ("lines", "jsonl", "files", "wds")
+CHUNK_SUFFIXES = {"lines": ".txt", "jsonl": ".jsonl", "files": ".rec", "wds": ".tar"}
 DEFAULT_SPLIT_BYTES = 64 << 20
 
 
@@ -51,7 +52,8 @@ class Piece:
     end: int | None = None
     """The end of a byte range; None for a whole file (or a directory's files)."""
     names: tuple[str, ...] = ()
-    """For a directory piece: the files' paths relative to `source` (``/``-separated)."""
+    """For a directory piece: the files' paths relative to `source` (``/``-separated); for
+    WebDataset shards, those of its samples' files, sample by sample."""
     size: int | None = None
     """Bytes of input this piece reads, where known (for the progress bar)."""
 
@@ -245,6 +247,38 @@ def file_pieces(directory: str, files: list[tuple[str, int]], items_per_chunk: i
         start += count
         names = tuple(name for name, _ in group)
         pieces.append(Piece(len(pieces), directory, names=names, size=sum(s for _, s in group)))
+    return pieces
+
+
+def sample_pieces(
+    directory: str, files: list[tuple[str, int]], samples_per_chunk: int
+) -> list[Piece]:
+    """The pieces of a directory input written as WebDataset shards: its files (each a
+    `directory_files` path and its size) grouped into samples by key (the path up to the
+    first dot of the base name), samples in key order and a sample's files in extension
+    order, at most `samples_per_chunk` samples to a piece, in pieces of `chunk_sizes`.
+
+    Raises:
+        ValueError: for a file without an extension, naming it.
+    """
+    samples: dict[str, list[tuple[str, str, int]]] = {}
+    for name, size in files:
+        key, extension = split_name(name)
+        if extension is None:
+            raise ValueError(
+                f"chunk: the file {name!r} in {directory!r} has no extension: WebDataset "
+                "shards hold samples of files named KEY.EXTENSION (e.g. 0001.jpg, 0001.json)"
+            )
+        samples.setdefault(key, []).append((extension, name, size))
+    keys = sorted(samples)
+    pieces: list[Piece] = []
+    start = 0
+    for count in chunk_sizes(len(keys), samples_per_chunk):
+        group = [sorted(samples[key]) for key in keys[start : start + count]]
+        start += count
+        names = tuple(name for sample in group for _, name, _ in sample)
+        size = sum(size for sample in group for _, _, size in sample)
+        pieces.append(Piece(len(pieces), directory, names=names, size=size))
     return pieces
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..io import open_chunk, read_jsonl, read_lines, read_records
+from ..io import open_chunk, read_jsonl, read_lines, read_records, read_webdataset
 from ._refs import join_ref, stored_size
 from .index import INDEX_NAME, ChunkEntry, ChunkIndex, chunk_names, missing_and_unlisted
 
@@ -15,6 +15,7 @@ READERS: dict[str, Callable[..., Iterable[Any]]] = {
     "lines": read_lines,
     "jsonl": read_jsonl,
     "files": read_records,
+    "wds": read_webdataset,
 }
 """The reader of each kind of chunk: what a pipeline's ``read_chunk_fn`` would be."""
 _BLOCK = 1 << 20

@@ -20,7 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any
 
-from ..io import Record, open_chunk, open_output, write_records
+from ..io import Record, open_chunk, open_output, write_records, write_webdataset
+from ..io.webdataset import split_name
 from ._refs import join_ref, stored_size
 from .checks import BadLines, json_blocks, text_blocks
 from .index import ChunkEntry, entry_from_json
@@ -101,11 +102,14 @@ def _chunk_payloads(
 ) -> Iterator[tuple[int, bytes, int]]:
     """(chunk number, decompressed content, item count) for each chunk of `piece`: a
     first read counts its items, a second cuts them into chunks of `chunk_sizes`."""
-    if job.kind == "files":
+    if job.kind in ("files", "wds"):
         records = [_record(piece.source, name) for name in piece.names]
         buffer = io.BytesIO()
-        write_records(buffer, records)
-        yield 0, buffer.getvalue(), len(records)
+        if job.kind == "files":
+            count = write_records(buffer, records)
+        else:
+            count = write_webdataset(buffer, _samples(records))
+        yield 0, buffer.getvalue(), count
         return
     with _line_blocks(piece, storage_options) as blocks:
         counting = BadLines(bad.policy, bad.where)
@@ -143,6 +147,20 @@ def _cut(blocks: Iterable[list[bytes]], sizes: list[int], piece: Piece) -> Itera
             f"chunk: {_where(piece)} changed while it was read: {sum(sizes)} items counted, "
             f"then {'more' if pending else 'fewer'}; run the job again once it is stable"
         )
+
+
+def _samples(records: list[Record]) -> Iterator[dict[str, Any]]:
+    """The samples of a WebDataset piece's files (given sample by sample)."""
+    sample: dict[str, Any] = {}
+    for name, data in records:
+        key, extension = split_name(name)
+        if sample.get("__key__") != key:
+            if sample:
+                yield sample
+            sample = {"__key__": key}
+        sample[str(extension)] = data
+    if sample:
+        yield sample
 
 
 def _record(directory: str, name: str) -> Record:
