@@ -31,10 +31,12 @@ if TYPE_CHECKING:
 _NAME = "PackingIterator"
 _STRATEGIES = ("concat", "best_fit")
 _LONG_DOCUMENTS = ("split", "truncate")
-MOST_WINDOW = 256
-"""The largest `window` of open sequences (it bounds the state: one fill level each)."""
+MOST_WINDOW = 128
+"""The largest `window` of open sequences (it bounds the state: two ints per sequence)."""
 _MOST_YIELDED = 1 << 20
 _MOST_EMPTY = 1 << 16
+_AGE_LIMIT = 4
+"""A sequence open while `_AGE_LIMIT * window` others were finished is finished too."""
 
 
 class PackedSequence(TypedDict):
@@ -69,10 +71,10 @@ class _Bin:
     """A sequence being filled: its pieces (token arrays) and the document that opened it
     (-1 for a phantom: a sequence open at a restore's replay point, of known fill only)."""
 
-    __slots__ = ("first", "fill", "pieces", "order")
+    __slots__ = ("first", "fill", "pieces", "order", "born")
 
-    def __init__(self, order: int, first: int, fill: int = 0) -> None:
-        self.order, self.first, self.fill = order, first, fill
+    def __init__(self, order: int, first: int, fill: int = 0, born: int = 0) -> None:
+        self.order, self.first, self.fill, self.born = order, first, fill, born
         self.pieces: list[Any] = []
 
 
@@ -85,8 +87,9 @@ class _Packer:
     room that fits it (the oldest among equals); if none fits, it opens a sequence, first
     finishing the oldest one if `window` are open. A sequence that is full is finished at
     once; a document longer than `seq_len` gives full sequences of its leading tokens (or
-    is truncated) and its rest is placed like a document. At the end, the open sequences
-    are finished oldest first.
+    is truncated) and its rest is placed like a document. A sequence still open after
+    ``4 * window`` others were finished is finished too (this bounds what a restore
+    re-reads). At the end, the open sequences are finished oldest first.
     """
 
     def __init__(self, seq_len: int, window: int, best_fit: bool) -> None:
@@ -95,14 +98,19 @@ class _Packer:
         self.room: list[tuple[int, int]] = []  # (room left, order), sorted: best fit
         self.ready: deque[_Bin] = deque()
         self._order = 0
+        self.finished = 0  # sequences finished so far (ages count in them)
 
-    def reopen(self, fills: list[int]) -> None:
-        """Open phantom sequences of these fills (the ones open at a replay point)."""
-        for fill in fills:
-            self._open(-1, fill)
+    def reopen(self, fills: list[int], ages: list[int]) -> None:
+        """Open phantom sequences of these fills and ages (those open at a replay point)."""
+        for fill, age in zip(fills, ages, strict=True):
+            self._open(-1, fill).born = self.finished - age
 
     def fills(self) -> list[int]:
         return [bin_.fill for bin_ in self.open.values()]
+
+    def ages(self) -> list[int]:
+        """How many sequences were finished since each open one was opened."""
+        return [self.finished - bin_.born for bin_ in self.open.values()]
 
     def oldest_document(self, default: int) -> int:
         """The first document of the oldest sequence not yet yielded (or `default`)."""
@@ -125,10 +133,15 @@ class _Packer:
             full = _Bin(-1, document)
             full.pieces.append(tokens[start : start + seq_len])
             full.fill = seq_len
-            self.ready.append(full)
+            self._emit(full)
             start += seq_len
         if start < length:
             self._place(tokens[start:] if start else tokens, document)
+        while self.open:
+            oldest = next(iter(self.open.values()))
+            if self.finished - oldest.born <= _AGE_LIMIT * self.window:
+                break
+            self._finish(oldest.order)
 
     def finish_all(self) -> None:
         for order in list(self.open):
@@ -146,7 +159,7 @@ class _Packer:
         self._put(self._open(document, 0), piece)
 
     def _open(self, document: int, fill: int) -> _Bin:
-        bin_ = _Bin(self._order, document, fill)
+        bin_ = _Bin(self._order, document, fill, self.finished)
         self._order += 1
         self.open[bin_.order] = bin_
         if self.best_fit:
@@ -165,7 +178,7 @@ class _Packer:
         bin_.fill += len(piece)
         if bin_.fill == self.seq_len:
             del self.open[bin_.order]
-            self.ready.append(bin_)
+            self._emit(bin_)
         elif self.best_fit:
             self._index(bin_)
 
@@ -173,16 +186,21 @@ class _Packer:
         bin_ = self.open.pop(order)
         if self.best_fit:
             self.room.remove((self.seq_len - bin_.fill, order))
+        self._emit(bin_)
+
+    def _emit(self, bin_: _Bin) -> None:
         self.ready.append(bin_)
+        self.finished += 1
 
 
 class _Mark(NamedTuple):
-    """A replay point: the source's state before document `read` was read, the fills of
-    the sequences open then, and the number of sequences yielded before it."""
+    """A replay point: the source's state before document `read` was read, the fills and
+    ages of the sequences open then, and the number of sequences yielded before it."""
 
     read: int
     source: State
     fills: list[int]
+    ages: list[int]
     yielded: int
 
 
@@ -236,6 +254,7 @@ class PackingIterator(Stage[PackedSequence]):
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
         "source": dict,
         "fills": list,
+        "ages": list,
         "read": int,
         "yielded": int,
         "ended": bool,
@@ -307,6 +326,7 @@ class PackingIterator(Stage[PackedSequence]):
         return {
             "source": mark.source,
             "fills": list(mark.fills),
+            "ages": list(mark.ages),
             "read": self._read - mark.read,
             "yielded": self._yielded - mark.yielded,
             "ended": self._ended,
@@ -326,13 +346,15 @@ class PackingIterator(Stage[PackedSequence]):
         self._read = self._yielded = 0
         self._ended = False
         self._want_mark = False
-        fills = [] if state is None else self._checked_fills(state["fills"])
-        self._marks = deque([_Mark(0, source_state(self._source), fills, 0)])
+        fills, ages = ([], []) if state is None else self._checked_bins(state)
+        self._marks = deque([_Mark(0, source_state(self._source), fills, ages, 0)])
         if state is not None:
-            self._replay(state, fills)
+            self._replay(state, fills, ages)
         self._iterator = self._generate()
 
-    def _checked_fills(self, fills: list[Any]) -> list[int]:
+    def _checked_bins(self, state: State) -> tuple[list[int], list[int]]:
+        """The state's fills and ages of the sequences open at its replay point."""
+        fills, ages = state["fills"], state["ages"]
         if len(fills) > self._window or not all(
             type(fill) is int and 0 < fill < self._seq_len for fill in fills
         ):
@@ -340,9 +362,14 @@ class PackingIterator(Stage[PackedSequence]):
                 f"'fills' must hold at most {self._window} ints in [1, {self._seq_len - 1}], "
                 f"got {fills!r}"
             )
-        return list(fills)
+        most = _AGE_LIMIT * self._window
+        if len(ages) != len(fills) or not all(type(age) is int and 0 <= age <= most for age in ages):
+            raise self.mismatch(
+                f"'ages' must hold {len(fills)} ints in [0, {most}] (one per fill), got {ages!r}"
+            )
+        return list(fills), list(ages)
 
-    def _replay(self, state: State, fills: list[int]) -> None:
+    def _replay(self, state: State, fills: list[int], ages: list[int]) -> None:
         """Re-read the documents since the state's replay point and rebuild the sequences
         not yet yielded."""
         read, yielded = state["read"], state["yielded"]
@@ -353,7 +380,7 @@ class PackingIterator(Stage[PackedSequence]):
                 f"got yielded={yielded}, read={read}"
             )
         packer, pull = self._packer, fast_iterator(self._source)
-        packer.reopen(fills)
+        packer.reopen(fills, ages)
         for document in range(read):
             try:
                 item = next(pull)
@@ -397,7 +424,15 @@ class PackingIterator(Stage[PackedSequence]):
             if self._ended:
                 return
             if self._want_mark:
-                marks.append(_Mark(self._read, source_state(source), packer.fills(), self._yielded))
+                marks.append(
+                    _Mark(
+                        self._read,
+                        source_state(source),
+                        packer.fills(),
+                        packer.ages(),
+                        self._yielded,
+                    )
+                )
                 self._want_mark = False
             try:
                 item = next(pull)

@@ -1,9 +1,10 @@
-"""PyTorch adapters: `CheckpointableDataset` for DataLoaders, `pad_batch` for collation.
+"""PyTorch adapters: `CheckpointableDataset` for DataLoaders, `pad_batch` and
+`collate_packed` for collation.
 
 ``import infinibatch_like`` never imports torch, and importing this subpackage imports
 neither torch nor numpy: torch is imported when `CheckpointableDataset` is first used,
-numpy when `pad_batch` is (``to="numpy"`` works without torch). Both come with the
-``torch`` extra (``pip install 'infinibatch_like[torch]'``).
+numpy when `pad_batch` is (``to="numpy"`` works without torch), both when `collate_packed`
+is. Both come with the ``torch`` extra (``pip install 'infinibatch_like[torch]'``).
 """
 
 from __future__ import annotations
@@ -14,13 +15,16 @@ if TYPE_CHECKING:
     from .collate import PaddedArrays, PaddedTensors, PadValue, pad_batch
     from .dataset import CheckpointableDataset, PipelineFactory, reader_identity
     from .loader_state import resize_loader_state
+    from .packed import PackedBatch, collate_packed
 
 __all__ = [
     "CheckpointableDataset",
+    "PackedBatch",
     "PadValue",
     "PaddedArrays",
     "PaddedTensors",
     "PipelineFactory",
+    "collate_packed",
     "pad_batch",
     "reader_identity",
     "resize_loader_state",
@@ -29,6 +33,7 @@ __all__ = [
 _NEEDS_TORCH = {"CheckpointableDataset", "PipelineFactory", "reader_identity"}
 _LOADER_STATE = {"resize_loader_state"}
 _NEEDS_NUMPY = {"PadValue", "PaddedArrays", "PaddedTensors", "pad_batch"}
+_PACKED = {"PackedBatch", "collate_packed"}
 
 
 def __getattr__(name: str) -> Any:
@@ -41,6 +46,10 @@ def __getattr__(name: str) -> Any:
         from . import loader_state
 
         return getattr(loader_state, name)
+    if name in _PACKED:
+        from . import packed
+
+        return getattr(packed, name)
     if name in _NEEDS_NUMPY:
         from . import collate
 
