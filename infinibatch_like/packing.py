@@ -71,7 +71,7 @@ class _Bin:
     """A sequence being filled: its pieces (token arrays) and the document that opened it
     (-1 for a phantom: a sequence open at a restore's replay point, of known fill only)."""
 
-    __slots__ = ("first", "fill", "pieces", "order", "born")
+    __slots__ = ("born", "fill", "first", "order", "pieces")
 
     def __init__(self, order: int, first: int, fill: int = 0, born: int = 0) -> None:
         self.order, self.first, self.fill, self.born = order, first, fill, born
@@ -363,7 +363,9 @@ class PackingIterator(Stage[PackedSequence]):
                 f"got {fills!r}"
             )
         most = _AGE_LIMIT * self._window
-        if len(ages) != len(fills) or not all(type(age) is int and 0 <= age <= most for age in ages):
+        if len(ages) != len(fills) or not all(
+            type(age) is int and 0 <= age <= most for age in ages
+        ):
             raise self.mismatch(
                 f"'ages' must hold {len(fills)} ints in [0, {most}] (one per fill), got {ages!r}"
             )
@@ -478,7 +480,9 @@ class PackingIterator(Stage[PackedSequence]):
         np.cumsum(lengths, out=cu_seqlens[1:])
         segments = len(bin_.pieces)
         segment_ids = np.zeros(seq_len, dtype=np.int32)
-        segment_ids[:fill] = np.repeat(np.arange(1, segments + 1, dtype=np.int32), lengths[:segments])
+        segment_ids[:fill] = np.repeat(
+            np.arange(1, segments + 1, dtype=np.int32), lengths[:segments]
+        )
         positions = np.arange(seq_len, dtype=np.int32) - np.repeat(cu_seqlens[:-1], lengths)
         return {
             "tokens": tokens,

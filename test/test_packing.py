@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import random
 from collections import defaultdict
-from itertools import islice
+from itertools import islice, pairwise
 from typing import Any
 
 import numpy as np
@@ -57,21 +57,24 @@ def framed(doc: list[int], seq_len: int, kwargs: dict[str, Any]) -> list[int]:
 def pieces_of(sequence: dict[str, list[Any]]) -> list[list[int]]:
     """The document pieces of a packed sequence, by its cu_seqlens (padding left out)."""
     bounds, tokens, segments = sequence["cu_seqlens"], sequence["tokens"], sequence["segment_ids"]
-    return [tokens[a:b] for a, b in zip(bounds, bounds[1:]) if segments[a] > 0]
+    return [tokens[a:b] for a, b in pairwise(bounds) if segments[a] > 0]
 
 
 def check_fields(sequence: dict[str, list[Any]], seq_len: int, pad_id: int) -> None:
     """segment ids, positions, loss mask and cu_seqlens agree with each other."""
     tokens, segments = sequence["tokens"], sequence["segment_ids"]
     bounds = sequence["cu_seqlens"]
-    assert len(tokens) == seq_len and bounds[0] == 0 and bounds[-1] == seq_len
-    assert all(a < b for a, b in zip(bounds, bounds[1:]))
+    assert len(tokens) == seq_len
+    assert bounds[0] == 0
+    assert bounds[-1] == seq_len
+    assert all(a < b for a, b in pairwise(bounds))
     fill = sum(1 for segment in segments if segment > 0)
-    assert segments[:fill] == sorted(segments[:fill]) and 0 not in segments[:fill]
+    assert segments[:fill] == sorted(segments[:fill])
+    assert 0 not in segments[:fill]
     assert all(segment == 0 for segment in segments[fill:])
     assert all(token == pad_id for token in tokens[fill:])
     assert sequence["loss_mask"] == [segment > 0 for segment in segments]
-    for number, (a, b) in enumerate(zip(bounds, bounds[1:]), 1):
+    for number, (a, b) in enumerate(pairwise(bounds), 1):
         assert sequence["positions"][a:b] == list(range(b - a))
         assert set(segments[a:b]) == ({number} if a < fill else {0})
 
@@ -98,7 +101,7 @@ def test_concat_cuts_the_concatenated_documents_every_seq_len_tokens(
         boundaries.add(position)
     cuts = sorted({*boundaries, *range(seq_len, len(stream), seq_len)} - {0})
     pieces = [piece for sequence in got for piece in pieces_of(sequence)]
-    assert pieces == [stream[a:b] for a, b in zip([0, *cuts], cuts) if b > a]
+    assert pieces == [stream[a:b] for a, b in zip([0, *cuts], cuts, strict=False) if b > a]
     for sequence in got:
         check_fields(sequence, seq_len, 7)
 
@@ -170,7 +173,10 @@ def test_best_fit_keeps_documents_that_fit_whole_and_pads_less_than_a_window_of_
 
 def test_numpy_documents_of_any_int_dtype_pack_like_lists() -> None:
     docs = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
-    arrays = [np.asarray(doc, dtype=dtype) for doc, dtype in zip(docs, ["int32", "uint16", "int64"])]
+    arrays = [
+        np.asarray(doc, dtype=dtype)
+        for doc, dtype in zip(docs, ["int32", "uint16", "int64"], strict=False)
+    ]
     expected = [as_lists(s) for s in packer(docs, 4, bos_id=1)]
     assert [as_lists(s) for s in packer(arrays, 4, bos_id=1)] == expected
     assert expected[0]["tokens"] == [1, 5, 6, 7]
@@ -185,7 +191,8 @@ def test_fields_of_one_sequence() -> None:
         "loss_mask": [True] * 5 + [False] * 2,
         "cu_seqlens": [0, 3, 5, 7],
     }
-    assert first["tokens"].dtype == np.int64 and first["cu_seqlens"].dtype == np.int32
+    assert first["tokens"].dtype == np.int64
+    assert first["cu_seqlens"].dtype == np.int32
 
 
 # -- exact resume -----------------------------------------------------------------------------
@@ -199,8 +206,11 @@ def lognormal_docs(count: int, median: int, seed: int) -> list[Any]:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{}, {"strategy": "best_fit", "window": 4}, {"strategy": "best_fit", "window": 2,
-                                                  "long_documents": "truncate", "eos_id": 1}],
+    [
+        {},
+        {"strategy": "best_fit", "window": 4},
+        {"strategy": "best_fit", "window": 2, "long_documents": "truncate", "eos_id": 1},
+    ],
     ids=["concat", "best-fit", "best-fit-truncate"],
 )
 def test_random_checkpoints_resume_the_next_fifty_sequences(kwargs: dict[str, Any]) -> None:
@@ -290,7 +300,9 @@ class Counted:
     [({}, 2), ({"strategy": "best_fit", "window": 3}, 6 * 3 + 2)],
     ids=["concat", "best-fit"],
 )
-def test_a_restore_re_reads_a_bounded_number_of_sequences(kwargs: dict[str, Any], bound: int) -> None:
+def test_a_restore_re_reads_a_bounded_number_of_sequences(
+    kwargs: dict[str, Any], bound: int
+) -> None:
     docs = lognormal_docs(700, 20, seed=6)
     longest = max(len(doc) for doc in docs)
     seq_len = 64
@@ -325,7 +337,9 @@ def test_a_restore_re_reads_a_bounded_number_of_sequences(kwargs: dict[str, Any]
         ({"eos_id": "2"}, TypeError, "eos_id must be an int"),
     ],
 )
-def test_bad_arguments_are_refused_by_name(kwargs: dict[str, Any], error: type, message: str) -> None:
+def test_bad_arguments_are_refused_by_name(
+    kwargs: dict[str, Any], error: type, message: str
+) -> None:
     arguments = {"seq_len": 8, **kwargs}
     with pytest.raises(error, match=re_escaped(message)):
         PackingIterator(it.NativeCheckpointableIterator([]), **arguments)
@@ -340,7 +354,9 @@ def re_escaped(text: str) -> str:
 @pytest.mark.parametrize("bad", [[1.5, 2.0], [[1, 2], [3, 4]], ["a"], [[1], [2, 3]], 7])
 def test_a_document_that_is_not_a_flat_list_of_ints_is_refused(bad: Any) -> None:
     pipeline = packer([[1, 2], bad], 4)
-    with pytest.raises(TypeError, match="PackingIterator: a document must be a flat sequence of ints"):
+    with pytest.raises(
+        TypeError, match="PackingIterator: a document must be a flat sequence of ints"
+    ):
         list(pipeline)
 
 

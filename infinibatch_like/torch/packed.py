@@ -51,8 +51,15 @@ class PackedBatch(NamedTuple):
         return self._map(lambda tensor: tensor.to(device, non_blocking=non_blocking))
 
     def _map(self, move: Callable[[torch.Tensor], torch.Tensor]) -> PackedBatch:
-        tensors = [move(tensor) for tensor in self[:6]]
-        return PackedBatch(*tensors, self.max_seqlen)
+        return PackedBatch(
+            move(self.tokens),
+            move(self.labels),
+            move(self.segment_ids),
+            move(self.positions),
+            move(self.loss_mask),
+            move(self.cu_seqlens),
+            self.max_seqlen,
+        )
 
 
 def collate_packed(sequences: Sequence[Mapping[str, Any]]) -> PackedBatch:
