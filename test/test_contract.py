@@ -181,7 +181,9 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
         ),
     ],
     "TokenBudgetMultiplexIterator": [
-        lambda: TokenBudgetMultiplexIterator([documents(20), documents(9), documents(30)], [1, 2, 1]),
+        lambda: TokenBudgetMultiplexIterator(
+            [documents(20), documents(9), documents(30)], [1, 2, 1]
+        ),
         lambda: TokenBudgetMultiplexIterator(
             [documents(15), it.MapIterator(it.RandomIterator(3), str)], [1, 1], exact=False,
             stop_on="first_exhausted",
