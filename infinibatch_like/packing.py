@@ -36,6 +36,7 @@ MOST_WINDOW = 128
 _MOST_YIELDED = 1 << 20
 _MOST_EMPTY = 1 << 16
 _AGE_LIMIT = 4
+_KEPT_MARKS = 16
 """A sequence open while `_AGE_LIMIT * window` others were finished is finished too."""
 
 
@@ -419,9 +420,10 @@ class PackingIterator(Stage[PackedSequence]):
                 bin_ = ready.popleft()
                 self._yielded += 1
                 self._want_mark = True
-                oldest = packer.oldest_document(self._read)
-                while len(marks) > 1 and marks[1].read <= oldest:
-                    marks.popleft()
+                if len(marks) > _KEPT_MARKS:  # drop those before the one a state would use
+                    oldest = packer.oldest_document(self._read)
+                    while len(marks) > 1 and marks[1].read <= oldest:
+                        marks.popleft()
                 yield self._assembled(bin_)
             if self._ended:
                 return
@@ -457,6 +459,8 @@ class PackingIterator(Stage[PackedSequence]):
                 f"{_NAME}: a document must be a flat sequence of ints (a list or 1-D numpy "
                 f"array), got {_preview(item)}"
             )
+        if not tokens.size:
+            tokens = np.zeros(0, dtype=np.int64)
         if self._bos is not None or self._eos is not None:
             parts = [tokens]
             if self._bos is not None:
