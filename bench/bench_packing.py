@@ -27,6 +27,7 @@ import argparse
 import json
 import random
 from collections.abc import Callable, Iterator
+from functools import partial
 from itertools import islice
 from typing import Any
 
@@ -205,19 +206,22 @@ def run_mixing(total: int, window: int) -> dict[str, Any]:
     for heavy in (False, True):
         sources = tagged_sources(means, total, heavy, seed=3)
         longest = max(len(doc) for doc in sources[2])
-        mixers = {
-            "TokenBudgetMultiplexIterator exact": lambda: TokenBudgetMultiplexIterator(
-                [NativeCheckpointableIterator(s) for s in sources], [1, 1, 1]
+        streams = [NativeCheckpointableIterator(s) for s in sources]
+        mixers: dict[str, Callable[[list[Any]], Iterator[Any]]] = {
+            "TokenBudgetMultiplexIterator exact": partial(
+                TokenBudgetMultiplexIterator, weights=[1, 1, 1]
             ),
-            "TokenBudgetMultiplexIterator random": lambda: TokenBudgetMultiplexIterator(
-                [NativeCheckpointableIterator(s) for s in sources], [1, 1, 1], exact=False
+            "TokenBudgetMultiplexIterator random": partial(
+                TokenBudgetMultiplexIterator, weights=[1, 1, 1], exact=False
             ),
-            "WeightedMultiplexIterator (items)": lambda: WeightedMultiplexIterator(
-                [NativeCheckpointableIterator(s) for s in sources], [1, 1, 1], exact=True
+            "WeightedMultiplexIterator (items)": partial(
+                WeightedMultiplexIterator, weights=[1, 1, 1], exact=True
             ),
         }
         for name, build in mixers.items():
-            packed = PackingIterator(build(), 4096, pad_id=9)
+            for stream in streams:
+                stream.setstate(None)
+            packed = PackingIterator(build(streams), 4096, pad_id=9)
             tokens = np.concatenate([s["tokens"] for s in islice(packed, total // 4096)])
             aligned = window_errors(tokens, window, window)
             sliding = window_errors(tokens, window, window // 10)
