@@ -64,7 +64,7 @@ def _numpy() -> Any:
     try:
         import numpy
     except ModuleNotFoundError as error:  # pragma: no cover - numpy ships with the test extra
-        raise missing_extra("numpy", "torch", _NAME) from error
+        raise missing_extra("numpy", "torch", f"infinibatch_like.{_NAME}") from error
     return numpy
 
 

@@ -5,9 +5,14 @@ background use."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
+import textwrap
 from collections import defaultdict
 from itertools import islice, pairwise
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -445,3 +450,24 @@ def test_packing_inside_shards_continues_the_same_on_another_number_of_ranks() -
             pipeline.close()
         for shard in range(shards):
             assert seen[shard] == reference[shard][start[shard] : start[shard] + per_shard]
+
+
+def test_without_numpy_the_package_imports_and_the_packer_names_the_extra() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["numpy"] = None  # as if it were not installed
+        import infinibatch_like
+        try:
+            infinibatch_like.PackingIterator(infinibatch_like.NativeCheckpointableIterator([]), 8)
+        except ModuleNotFoundError as error:
+            print(error)
+        """
+    )
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert "infinibatch_like.PackingIterator needs the package 'numpy'" in result.stdout
+    assert "pip install 'infinibatch_like[torch]'" in result.stdout

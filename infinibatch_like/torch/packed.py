@@ -75,7 +75,9 @@ def collate_packed(sequences: Sequence[Mapping[str, Any]]) -> PackedBatch:
         import numpy as np
         import torch
     except ModuleNotFoundError as error:
-        raise missing_extra(error.name or "torch", "torch", "collate_packed") from error
+        raise missing_extra(
+            error.name or "torch", "torch", "infinibatch_like.torch.collate_packed"
+        ) from error
     if not sequences:
         raise ValueError("collate_packed: the batch is empty")
     seq_len = None
