@@ -471,3 +471,39 @@ def test_without_numpy_the_package_imports_and_the_packer_names_the_extra() -> N
     )
     assert "infinibatch_like.PackingIterator needs the package 'numpy'" in result.stdout
     assert "pip install 'infinibatch_like[torch]'" in result.stdout
+
+
+CHUNKS = [
+    [
+        " ".join(f"w{(chunk * 7 + line * 3 + word) % 50}" for word in range(line % 23))
+        for line in range(30)
+    ]
+    for chunk in range(6)
+]
+
+
+def word_ids(line: str) -> list[int]:
+    return [int(word[1:]) + 3 for word in line.split()]
+
+
+def test_a_chunked_shuffled_tokenized_mixed_packed_batched_pipeline_resumes_exactly() -> None:
+    from infinibatch_like import TokenBudgetMultiplexIterator
+    from infinibatch_like.datasets import chunked_dataset_iterator
+
+    def build() -> it.CheckpointableIterator[Any]:
+        sources = [
+            it.MapIterator(
+                chunked_dataset_iterator(chunks, CHUNKS.__getitem__, buffer_size=17, seed=seed),
+                word_ids,
+            )
+            for seed, chunks in enumerate([[0, 1, 2], [3, 4, 5]])
+        ]
+        mixed = TokenBudgetMultiplexIterator(sources, [2, 1])
+        packed = PackingIterator(mixed, 32, strategy="best_fit", window=4, bos_id=1, eos_id=2)
+        return it.MapIterator(it.FixedBatchIterator(packed, 3), packed_batch)
+
+    check_resume(build, max_items=40, restore_points=6)
+
+
+def packed_batch(sequences: list[Any]) -> list[tuple[list[Any], ...]]:
+    return [packed_lists(sequence) for sequence in sequences]
