@@ -502,7 +502,7 @@ def test_a_chunked_shuffled_tokenized_mixed_packed_batched_pipeline_resumes_exac
         packed = PackingIterator(mixed, 32, strategy="best_fit", window=4, bos_id=1, eos_id=2)
         return it.MapIterator(it.FixedBatchIterator(packed, 3), packed_batch)
 
-    check_resume(build, max_items=40, restore_points=6)
+    check_resume(build, max_items=40, restore_points=6, check_torch=False)
 
 
 def packed_batch(sequences: list[Any]) -> list[tuple[list[Any], ...]]:
