@@ -2,8 +2,9 @@
 
 Each packed sequence comes with per-token segment (document) ids, positions that restart
 per document, a loss mask and ``cu_seqlens``-style boundaries for varlen attention. The
-state holds no tokens: it names the source position where the oldest pending document
-starts, the fill levels of the sequences open there, and counts to replay from it.
+state holds no tokens: it names a source position at or before the oldest pending
+document, the fill levels and ages of the sequences open there, and counts to replay from
+it.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ _STRATEGIES = ("concat", "best_fit")
 _LONG_DOCUMENTS = ("split", "truncate")
 MOST_WINDOW = 128
 """The largest `window` of open sequences (it bounds the state: two ints per sequence)."""
-_MOST_YIELDED = 1 << 20
-_MOST_EMPTY = 1 << 16
+_MOST_YIELDED = 1 << 20  # bounds a state's replay (C11): a document of 2**20 sequences
+_MOST_EMPTY = 1 << 16  # empty documents a state may replay besides the tokens' bound
 _AGE_LIMIT = 4
-_KEPT_MARKS = 16
 """A sequence open while `_AGE_LIMIT * window` others were finished is finished too."""
+_KEPT_MARKS = 16  # replay points kept before the ones no state can use are dropped
 
 
 class PackedSequence(TypedDict):
@@ -129,7 +130,7 @@ class _Packer:
                 self._put(bin_, tokens[start : start + take])
                 start += take
             return
-        start = 0
+        start, finished = 0, self.finished
         while length - start >= seq_len:
             full = _Bin(-1, document)
             full.pieces.append(tokens[start : start + seq_len])
@@ -138,7 +139,7 @@ class _Packer:
             start += seq_len
         if start < length:
             self._place(tokens[start:] if start else tokens, document)
-        while self.open:
+        while self.finished != finished and self.open:  # ages grew: finish the too old
             oldest = next(iter(self.open.values()))
             if self.finished - oldest.born <= _AGE_LIMIT * self.window:
                 break
