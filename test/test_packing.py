@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 import infinibatch_like.iterators as it
 from infinibatch_like import PackingIterator, StateMismatchError
+from infinibatch_like.distributed import GATHERED_FORMAT, restore_state
 from infinibatch_like.elastic import elastic_state
 from infinibatch_like.sharded import ShardedIterator
 from infinibatch_like.testing import assert_checkpointable, check_resume
@@ -507,3 +508,22 @@ def test_a_chunked_shuffled_tokenized_mixed_packed_batched_pipeline_resumes_exac
 
 def packed_batch(sequences: list[Any]) -> list[tuple[list[Any], ...]]:
     return [packed_lists(sequence) for sequence in sequences]
+
+
+def test_packing_above_a_sharded_iterator_cannot_resume_on_another_number_of_ranks() -> None:
+    def outer(rank: int, world_size: int) -> PackingIterator:
+        sharded = ShardedIterator(packed_documents, 4, rank, world_size)
+        return PackingIterator(sharded, 16)
+
+    states = [outer(rank, 2).getstate() for rank in range(2)]
+    gathered = {"format": GATHERED_FORMAT, "world_size": 2, "ranks": states}
+    with pytest.raises(
+        ValueError,
+        match=r"PackingIterator cannot be elastic \(its open sequences hold this rank's "
+        r"documents\); build the rank-dependent part of the pipeline as a ShardedIterator",
+    ):
+        restore_state(outer(0, 1), gathered)
+
+
+def packed_documents(shard: int, num_shards: int) -> it.CheckpointableIterator[Any]:
+    return it.NativeCheckpointableIterator(SHARD_DOCS[shard::num_shards])
