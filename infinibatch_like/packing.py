@@ -41,7 +41,15 @@ _AGE_LIMIT = 4
 _KEPT_MARKS = 16  # replay points kept before the ones no state can use are dropped
 
 
-class PackedSequence(TypedDict):
+class _PackedFields(TypedDict):
+    tokens: npt.NDArray[np.int64]
+    segment_ids: npt.NDArray[np.int32]
+    positions: npt.NDArray[np.int32]
+    loss_mask: npt.NDArray[np.bool_]
+    cu_seqlens: npt.NDArray[np.int32]
+
+
+class PackedSequence(_PackedFields, total=False):
     """One packed sequence of `seq_len` tokens (numpy arrays).
 
     Attributes:
@@ -52,13 +60,12 @@ class PackedSequence(TypedDict):
         loss_mask: bool, True on document tokens, False on padding.
         cu_seqlens: int32, the boundaries of the pieces (and of the padding, if any):
             ``[0, end of piece 1, ..., seq_len]``, as varlen attention kernels take them.
+        origins: int64, shape ``(pieces, 2)``, only with ``traced=True``: each piece's
+            document origin (see `infinibatch_like.lineage`) and the offset of its first
+            token in that document (16 bytes per piece).
     """
 
-    tokens: npt.NDArray[np.int64]
-    segment_ids: npt.NDArray[np.int32]
-    positions: npt.NDArray[np.int32]
-    loss_mask: npt.NDArray[np.bool_]
-    cu_seqlens: npt.NDArray[np.int32]
+    origins: npt.NDArray[np.int64]
 
 
 def _numpy() -> Any:
@@ -73,11 +80,12 @@ class _Bin:
     """A sequence being filled: its pieces (token arrays) and the document that opened it
     (-1 for a phantom: a sequence open at a restore's replay point, of known fill only)."""
 
-    __slots__ = ("born", "fill", "first", "order", "pieces")
+    __slots__ = ("born", "fill", "first", "order", "origins", "pieces")
 
     def __init__(self, order: int, first: int, fill: int = 0, born: int = 0) -> None:
         self.order, self.first, self.fill, self.born = order, first, fill, born
         self.pieces: list[Any] = []
+        self.origins: list[tuple[int, int]] = []  # (origin, offset) per piece, if traced
 
 
 class _Packer:
@@ -94,8 +102,9 @@ class _Packer:
     re-reads). At the end, the open sequences are finished oldest first.
     """
 
-    def __init__(self, seq_len: int, window: int, best_fit: bool) -> None:
+    def __init__(self, seq_len: int, window: int, best_fit: bool, traced: bool) -> None:
         self.seq_len, self.window, self.best_fit = seq_len, window, best_fit
+        self.traced, self._origin = traced, 0
         self.open: dict[int, _Bin] = {}  # by order of opening
         self.room: list[tuple[int, int]] = []  # (room left, order), sorted: best fit
         self.ready: deque[_Bin] = deque()
@@ -120,25 +129,25 @@ class _Packer:
         firsts.extend(bin_.first for bin_ in self.ready)
         return min(firsts, default=default)
 
-    def add(self, tokens: Any, document: int) -> None:
+    def add(self, tokens: Any, document: int, origin: int = 0) -> None:
+        """Place a document (`origin`: its lineage, recorded per piece if traced)."""
         length, seq_len = len(tokens), self.seq_len
+        self._origin = origin
         if not self.best_fit:
             start = 0
             while start < length:
                 bin_ = next(iter(self.open.values()), None) or self._open(document, 0)
                 take = min(seq_len - bin_.fill, length - start)
-                self._put(bin_, tokens[start : start + take])
+                self._put(bin_, tokens[start : start + take], start)
                 start += take
             return
         start, finished = 0, self.finished
         while length - start >= seq_len:
             full = _Bin(-1, document)
-            full.pieces.append(tokens[start : start + seq_len])
-            full.fill = seq_len
-            self._emit(full)
+            self._put(full, tokens[start : start + seq_len], start, reindex=False)
             start += seq_len
         if start < length:
-            self._place(tokens[start:] if start else tokens, document)
+            self._place(tokens[start:] if start else tokens, document, start)
         while self.finished != finished and self.open:  # ages grew: finish the too old
             oldest = next(iter(self.open.values()))
             if self.finished - oldest.born <= _AGE_LIMIT * self.window:
@@ -149,16 +158,16 @@ class _Packer:
         for order in list(self.open):
             self._finish(order)
 
-    def _place(self, piece: Any, document: int) -> None:
+    def _place(self, piece: Any, document: int, offset: int) -> None:
         size = len(piece)
         index = bisect_left(self.room, (size, -1))
         if index < len(self.room):
             order = self.room.pop(index)[1]
-            self._put(self.open[order], piece, reindex=False)
+            self._put(self.open[order], piece, offset, reindex=False)
             return
         if len(self.open) >= self.window:
             self._finish(next(iter(self.open)))
-        self._put(self._open(document, 0), piece)
+        self._put(self._open(document, 0), piece, offset)
 
     def _open(self, document: int, fill: int) -> _Bin:
         bin_ = _Bin(self._order, document, fill, self.finished)
@@ -171,15 +180,17 @@ class _Packer:
     def _index(self, bin_: _Bin) -> None:
         insort(self.room, (self.seq_len - bin_.fill, bin_.order))
 
-    def _put(self, bin_: _Bin, piece: Any, reindex: bool = True) -> None:
-        """Add `piece` to `bin_` (whose room entry, if any, the caller removed if not
-        `reindex`); finish the bin if it is full."""
+    def _put(self, bin_: _Bin, piece: Any, offset: int, reindex: bool = True) -> None:
+        """Add `piece` (starting at token `offset` of its document) to `bin_` (whose room
+        entry, if any, the caller removed if not `reindex`); finish the bin if full."""
         if self.best_fit and reindex:
             self.room.remove((self.seq_len - bin_.fill, bin_.order))
         bin_.pieces.append(piece)
+        if self.traced:
+            bin_.origins.append((self._origin, offset))
         bin_.fill += len(piece)
         if bin_.fill == self.seq_len:
-            del self.open[bin_.order]
+            self.open.pop(bin_.order, None)
             self._emit(bin_)
         elif self.best_fit:
             self._index(bin_)
@@ -239,6 +250,8 @@ class PackingIterator(Stage[PackedSequence]):
         pad_id: the padding token id (default 0).
         bos_id: a token id put before every document, or None.
         eos_id: a token id put after every document, or None.
+        traced: documents come as ``[origin, tokens]`` pairs (`infinibatch_like.lineage`),
+            and each sequence gets an ``origins`` array naming where its pieces came from.
 
     Raises:
         TypeError, ValueError: for bad arguments, naming them; TypeError (with a note
@@ -280,6 +293,7 @@ class PackingIterator(Stage[PackedSequence]):
         pad_id: int = 0,
         bos_id: int | None = None,
         eos_id: int | None = None,
+        traced: bool = False,
     ) -> None:
         require_checkpointable(_NAME, "source_iterator", source_iterator)
         self._seq_len = require_int(_NAME, "seq_len", seq_len, 1)
@@ -307,6 +321,7 @@ class PackingIterator(Stage[PackedSequence]):
         self._pad_id = require_int(_NAME, "pad_id", pad_id, 0)
         self._bos = None if bos_id is None else require_int(_NAME, "bos_id", bos_id, 0)
         self._eos = None if eos_id is None else require_int(_NAME, "eos_id", eos_id, 0)
+        self._traced = bool(traced)
         self._np = _numpy()
         self._source = source_iterator
         self._sources = (source_iterator,)
@@ -326,6 +341,7 @@ class PackingIterator(Stage[PackedSequence]):
             "pad_id": self._pad_id,
             "bos_id": self._bos,
             "eos_id": self._eos,
+            "traced": self._traced,
         }
 
     # -- checkpoints -------------------------------------------------------------------
@@ -351,7 +367,7 @@ class PackingIterator(Stage[PackedSequence]):
 
     def _restore(self, state: State | None) -> None:
         self.restore_source(self._source, None if state is None else state["source"], "source")
-        self._packer = _Packer(self._seq_len, self._window, self._best_fit)
+        self._packer = _Packer(self._seq_len, self._window, self._best_fit, self._traced)
         self._read = self._yielded = 0
         self._ended = False
         self._want_mark = False
@@ -399,7 +415,7 @@ class PackingIterator(Stage[PackedSequence]):
                 raise self.mismatch(
                     f"the checkpoint replays {read} documents, but the source has {document}"
                 ) from None
-            packer.add(self._tokens(item), document)
+            self._add(item, document)
         if state["ended"]:
             if next(pull, _END) is not _END:
                 raise self.mismatch(f"the source goes on after the {read} documents replayed")
@@ -452,8 +468,19 @@ class PackingIterator(Stage[PackedSequence]):
                 self._ended = True
                 packer.finish_all()
                 continue
-            packer.add(self._tokens(item), self._read)
+            self._add(item, self._read)
             self._read += 1
+
+    def _add(self, item: Any, document: int) -> None:
+        if not self._traced:
+            self._packer.add(self._tokens(item), document)
+            return
+        if not isinstance(item, (list, tuple)) or len(item) != 2 or type(item[0]) is not int:
+            raise TypeError(
+                f"{_NAME}: with traced=True a document must be an [origin, tokens] pair with an "
+                f"int origin (see infinibatch_like.lineage), got {_preview(item)}"
+            )
+        self._packer.add(self._tokens(item[1]), document, item[0])
 
     def _tokens(self, item: Any) -> Any:
         """`item` as a 1-D int array with BOS/EOS added, truncated if asked."""
@@ -496,13 +523,16 @@ class PackingIterator(Stage[PackedSequence]):
             np.arange(1, segments + 1, dtype=np.int32), lengths[:segments]
         )
         positions = np.arange(seq_len, dtype=np.int32) - np.repeat(cu_seqlens[:-1], lengths)
-        return {
+        sequence: PackedSequence = {
             "tokens": tokens,
             "segment_ids": segment_ids,
             "positions": positions,
             "loss_mask": segment_ids > 0,
             "cu_seqlens": cu_seqlens,
         }
+        if self._traced:
+            sequence["origins"] = np.array(bin_.origins, dtype=np.int64).reshape(-1, 2)
+        return sequence
 
 
 _END = object()

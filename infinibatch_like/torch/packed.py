@@ -32,6 +32,9 @@ class PackedBatch(NamedTuple):
             included as a piece) over the batch flattened to ``batch * seq_len`` tokens, as
             varlen attention kernels take them (e.g. ``flash_attn_varlen_func``).
         max_seqlen: the longest piece, for those kernels.
+        origins: int64 ``(pieces, 5)`` for sequences packed with ``traced=True``: each
+            piece's row, first and end token in the row, origin and offset in its document
+            (see `infinibatch_like.lineage`); else None.
     """
 
     tokens: torch.Tensor
@@ -41,6 +44,7 @@ class PackedBatch(NamedTuple):
     loss_mask: torch.Tensor
     cu_seqlens: torch.Tensor
     max_seqlen: int
+    origins: torch.Tensor | None = None
 
     def pin_memory(self) -> PackedBatch:
         """The same batch in page-locked memory (needs an accelerator)."""
@@ -59,6 +63,7 @@ class PackedBatch(NamedTuple):
             move(self.loss_mask),
             move(self.cu_seqlens),
             self.max_seqlen,
+            None if self.origins is None else move(self.origins),
         )
 
 
@@ -116,4 +121,18 @@ def collate_packed(sequences: Sequence[Mapping[str, Any]]) -> PackedBatch:
         ),
         cu_seqlens=torch.from_numpy(flat),
         max_seqlen=int(np.diff(flat).max()),
+        origins=_origins(sequences, torch, np),
     )
+
+
+def _origins(sequences: Sequence[Mapping[str, Any]], torch: Any, np: Any) -> Any:
+    """The rows of `PackedBatch.origins`, or None if the sequences are not traced."""
+    if not all("origins" in sequence for sequence in sequences):
+        return None
+    rows = []
+    for row, sequence in enumerate(sequences):
+        origins = np.asarray(sequence["origins"], dtype=np.int64).reshape(-1, 2)
+        bounds = np.asarray(sequence["cu_seqlens"], dtype=np.int64)[: len(origins) + 1]
+        count = len(origins)
+        rows.append(np.column_stack([np.full(count, row), bounds[:-1], bounds[1:], origins]))
+    return torch.from_numpy(np.concatenate(rows).astype(np.int64))
