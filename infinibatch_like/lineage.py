@@ -1,13 +1,24 @@
 """Per-sample lineage: which chunk and which record each token range of a step came from.
 
-Switch it on by reading chunks with `traced_chunks`: every record then travels as an
-``[origin, record]`` pair (plain data: it goes through shuffling, mixing, bucketing,
-background workers and checkpoints like any item), transforms apply to the record with
-`on_value` (and keys or costs with `of_value`), and ``PackingIterator(..., traced=True)``
-records, for each piece of a packed sequence, the document's origin and the offset of the
-piece in it: 16 bytes per piece. `explain` restores a checkpoint, skips to a step and
-tells where that step's tokens came from, without running the pipeline from its start.
-Switched off (plain records), nothing of this runs.
+A pipeline is traced when its chunks are read with `traced_chunks`: every record then
+travels as an ``[origin, record]`` pair (plain data: it goes through shuffling, mixing,
+bucketing, background workers and checkpoints like any item), transforms apply to the
+record with `on_value` (keys and costs with `of_value`), and ``PackingIterator(...,
+traced=True)`` records, for each piece of a packed sequence, the document's origin and
+the offset of the piece in it: 16 bytes per piece (`collate_packed` keeps them).
+
+Two ways to use it:
+
+- On demand, at no cost in training: train with the plain pipeline, and build its traced
+  twin (the same stages and arguments, traced as above) only to ask. `explain` restores
+  the plain run's checkpoint into the twin (their states are the same) and replays the
+  steps since it. This needs states that hold no items, as those of
+  `chunked_dataset_iterator`, block-wise shuffling, bucketing, mixing and packing (a
+  `BufferedShuffleIterator`'s buffer holds plain items, on which the twin's `on_value`
+  and `of_value` raise TypeError).
+- Carried: train with the traced pipeline, to log every batch's origins; each item then
+  costs a pair and a call more (on P1, whose per-line work is a ``str.split``, that is
+  most of the work: see ``bench/bench_lineage.py``).
 """
 
 from __future__ import annotations
@@ -72,7 +83,7 @@ class on_value(Generic[T, R]):
         self.function = function
 
     def __call__(self, pair: Traced) -> Traced:
-        return [pair[0], self.function(pair[1])]
+        return [_origin(pair, "on_value"), self.function(pair[1])]
 
 
 class of_value(Generic[T, R]):
@@ -84,7 +95,19 @@ class of_value(Generic[T, R]):
         self.function = function
 
     def __call__(self, pair: Traced) -> R:
+        _origin(pair, "of_value")
         return self.function(pair[1])
+
+
+def _origin(pair: Any, owner: str) -> int:
+    """The origin of an ``[origin, value]`` pair; TypeError if `pair` is not one."""
+    if type(pair) is not list or len(pair) != 2 or type(pair[0]) is not int:
+        text = repr(pair)
+        raise TypeError(
+            f"{owner}: expected an [origin, value] pair (records read with traced_chunks), "
+            f"got {text if len(text) <= 80 else text[:77] + '...'}"
+        )
+    return pair[0]
 
 
 @dataclass(frozen=True)

@@ -341,8 +341,7 @@ class PackingIterator(Stage[PackedSequence]):
             "pad_id": self._pad_id,
             "bos_id": self._bos,
             "eos_id": self._eos,
-            "traced": self._traced,
-        }
+        }  # not `traced`: it adds origins, the sequences are the same
 
     # -- checkpoints -------------------------------------------------------------------
 

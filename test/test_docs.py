@@ -100,6 +100,8 @@ API_CONTENT = {
     "api/packing.md": [
         ("PackingIterator", "into sequences of exactly"),
         ("PackedSequence", "One packed sequence"),
+        ("explain", "steps` items after"),
+        ("traced_chunks", "whose records come as"),
     ],
     "api/windowing-recurrent.md": [("WindowedIterator", ""), ("RecurrentIterator", "")],
     "api/background.md": [

@@ -135,3 +135,41 @@ def test_origin_ids_round_trip_and_bad_chunks_are_named() -> None:
     with pytest.raises(ValueError, match=r"traced_chunks: the chunk 'other\.txt' is not in"):
         traced_chunks(read_chunk, REFS)("other.txt")
     assert traced_chunks(read_chunk, REFS)(REFS[2])[3] == [origin_id(2, 3), CHUNKS[REFS[2]][3]]
+
+
+def plain_pipeline() -> Any:
+    """`traced_pipeline` with lineage off: plain records, plain functions."""
+    sources = [
+        it.MapIterator(
+            chunked_dataset_iterator(refs, read_chunk, buffer_size=9, seed=seed), tokenize
+        )
+        for seed, refs in enumerate([REFS[:3], REFS[3:]])
+    ]
+    mixed = TokenBudgetMultiplexIterator(sources, [1, 2])
+    packed = PackingIterator(mixed, 16, strategy="best_fit", window=3, bos_id=BOS, eos_id=EOS)
+    return it.MapIterator(it.FixedBatchIterator(packed, 2), collate_packed)
+
+
+def test_a_checkpoint_of_the_plain_pipeline_is_explained_by_its_traced_twin() -> None:
+    """Training runs without lineage (no cost); the traced twin replays from its checkpoint."""
+    training = plain_pipeline()
+    for _ in range(9):
+        next(training)
+    saved = json.loads(json.dumps(training.getstate()))
+    for _ in range(4):
+        next(training)
+    step_13 = next(training)
+    explained = explain(traced_pipeline(), saved, 4, REFS)
+    assert sum(origin.end - origin.start for origin in explained) == int(step_13.loss_mask.sum())
+    for origin in explained:
+        document = [BOS, *tokenize(CHUNKS[origin.chunk_ref][origin.record]), EOS]
+        tokens = step_13.tokens[origin.sequence, origin.start : origin.end].tolist()
+        assert tokens == document[origin.offset : origin.offset + origin.end - origin.start]
+
+
+def test_traced_functions_refuse_values_that_are_not_origin_pairs() -> None:
+    assert on_value(len)([origin_id(1, 2), "abc"]) == [origin_id(1, 2), 3]
+    assert of_value(len)([5, "ab"]) == 2
+    for function, owner in ((on_value(len), "on_value"), (of_value(len), "of_value")):
+        with pytest.raises(TypeError, match=rf"{owner}: expected an \[origin, value\] pair"):
+            function("a plain record")
