@@ -100,7 +100,7 @@ API_CONTENT = {
     "api/packing.md": [
         ("PackingIterator", "into sequences of exactly"),
         ("PackedSequence", "One packed sequence"),
-        ("explain", "steps` items after"),
+        ("explain", "The origins of the item that"),
         ("traced_chunks", "whose records come as"),
     ],
     "api/windowing-recurrent.md": [("WindowedIterator", ""), ("RecurrentIterator", "")],
