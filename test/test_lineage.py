@@ -173,3 +173,22 @@ def test_traced_functions_refuse_values_that_are_not_origin_pairs() -> None:
     for function, owner in ((on_value(len), "on_value"), (of_value(len), "of_value")):
         with pytest.raises(TypeError, match=rf"{owner}: expected an \[origin, value\] pair"):
             function("a plain record")
+
+
+def test_origins_go_through_bucketing_and_a_json_restore() -> None:
+    def build() -> Any:
+        records = chunked_dataset_iterator(REFS, traced_chunks(read_chunk, REFS), 7, seed=4)
+        tokens = it.MapIterator(records, on_value(tokenize))
+        return it.BucketedReadaheadBatchIterator(tokens, 10, key=of_value(len), batch_size=3)
+
+    pipeline = build()
+    for _ in range(5):
+        next(pipeline)
+    resumed = build()
+    resumed.setstate(json.loads(json.dumps(pipeline.getstate())))
+    batches = list(islice(resumed, 30))
+    assert batches == list(islice(pipeline, 30))
+    for batch in batches:
+        for origin, tokens in batch:
+            chunk, record = origin_parts(origin)
+            assert tokens == tokenize(CHUNKS[REFS[chunk]][record])
