@@ -6,6 +6,7 @@ iterator of `infinibatch_like.iterators`.
 
 from ._background.stage import start_background
 from ._background.worker_gc import set_worker_gc
+from .budget import TokenBudgetMultiplexIterator
 from .checkpoint_files import (
     CheckpointFileError,
     CheckpointNotFoundError,
@@ -17,6 +18,7 @@ from .checkpoint_files import (
 )
 from .iterators import *  # noqa: F403
 from .iterators import __all__ as _iterator_names
+from .packing import PackedSequence, PackingIterator
 
 __version__ = "0.1.0"
 __all__ = [
@@ -30,5 +32,8 @@ __all__ = [
     "CheckpointFileError",
     "CheckpointNotFoundError",
     "DamagedCheckpointWarning",
+    "PackedSequence",
+    "PackingIterator",
+    "TokenBudgetMultiplexIterator",
     "__version__",
 ]

@@ -33,6 +33,8 @@ _WHY = {
     "BlockwiseShuffleIterator": "its block holds this rank's items",
     "BufferedShuffleIterator": "its buffer holds this rank's items",
     "WeightedMultiplexIterator": "its schedule belongs to this rank's sources",
+    "TokenBudgetMultiplexIterator": "its schedule belongs to this rank's sources",
+    "PackingIterator": "its open sequences hold this rank's documents",
     "MultiplexIterator": "its position belongs to this rank's sources",
     "ParallelMapIterator": "its replay counts items of this rank's stream",
     "PrefetchIterator": "its replay counts items of this rank's stream",

@@ -6,10 +6,10 @@ import logging
 import math
 import numbers
 from bisect import bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from fractions import Fraction
 from itertools import accumulate
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from ._base import (
     CheckpointableIterator,
@@ -32,7 +32,6 @@ from ._rng import (
 
 T = TypeVar("T")
 
-_NAME = "WeightedMultiplexIterator"
 _STOP_ON = ("all_exhausted", "first_exhausted")
 _log = logging.getLogger("infinibatch_like")
 
@@ -118,6 +117,8 @@ class WeightedMultiplexIterator(Stage[T]):
         redraws at most 2**24 words at C speed and re-reads nothing.
     """
 
+    _item_cost: Callable[[Any], int] | None = None
+    """What each item adds to its source's count: None counts items (subclasses: a cost)."""
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
         "sources": list,
         "weights": list,
@@ -139,15 +140,15 @@ class WeightedMultiplexIterator(Stage[T]):
         stop_on: str = "all_exhausted",
     ) -> None:
         if not source_iterators:
-            raise ValueError(f"{_NAME}: source_iterators must not be empty")
+            raise ValueError(f"{self._name}: source_iterators must not be empty")
         for index, source in enumerate(source_iterators):
-            require_checkpointable(_NAME, f"source_iterators[{index}]", source)
+            require_checkpointable(self._name, f"source_iterators[{index}]", source)
         if stop_on not in _STOP_ON:
-            raise ValueError(f"{_NAME}: stop_on must be one of {_STOP_ON}, got {stop_on!r}")
+            raise ValueError(f"{self._name}: stop_on must be one of {_STOP_ON}, got {stop_on!r}")
         self._choices = tuple(source_iterators)
         self._sources = self._choices
-        self._initial = checked_weights(_NAME, weights, len(self._choices))
-        self._seed, self._seed_drawn = resolve_seed(_NAME, seed)
+        self._initial = checked_weights(self._name, weights, len(self._choices))
+        self._seed, self._seed_drawn = resolve_seed(self._name, seed)
         self._exact = bool(exact)
         self._stop_first = stop_on == "first_exhausted"
         self._restore(None)
@@ -166,7 +167,7 @@ class WeightedMultiplexIterator(Stage[T]):
         The change is part of the state: a restore continues with these weights. Sources
         that have ended stay dropped.
         """
-        self._weights = checked_weights(f"{_NAME}.set_weights", weights, len(self._choices))
+        self._weights = checked_weights(f"{self._name}.set_weights", weights, len(self._choices))
         self._counts = [0] * len(self._choices)
         self._plan()
 
@@ -213,7 +214,7 @@ class WeightedMultiplexIterator(Stage[T]):
                 _log.info(
                     "%s: the checkpoint's run was constructed with weights %s, this one with "
                     "%s: mixing by %s from the restore point on",
-                    _NAME,
+                    self._name,
                     initial,
                     self._initial,
                     self._initial,
@@ -237,6 +238,7 @@ class WeightedMultiplexIterator(Stage[T]):
     def _generate(self) -> Iterator[T]:
         pulls = [fast_iterator(source) for source in self._choices]
         choose = self._scheduled if self._exact else self._drawn
+        cost = self._item_cost
         while not self._ended:
             if not self._live:
                 self._ended = True
@@ -250,7 +252,7 @@ class WeightedMultiplexIterator(Stage[T]):
                 self._counts = [0] * len(pulls)
                 self._plan()
                 continue
-            self._counts[index] += 1
+            self._counts[index] += 1 if cost is None else cost(item)
             yield item
 
     def _drawn(self) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import infinibatch_like.iterators as it
+from infinibatch_like import PackingIterator, TokenBudgetMultiplexIterator
 from infinibatch_like._base import CheckpointableIterator
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.distributed import EqualLengthIterator
@@ -85,6 +86,18 @@ def capacity(longest: list[int]) -> int:
 
 def length_of(item: Any) -> int:
     return len(item)
+
+
+def token_list(n: int) -> list[int]:
+    return list(range(1, n % 7 + 1))
+
+
+def packed_lists(sequence: Any) -> tuple[list[Any], ...]:
+    return tuple(value.tolist() for value in sequence.values())
+
+
+def documents(n: int = 40) -> it.MapIterator[list[int]]:
+    return it.MapIterator(native(n), token_list)
 
 
 class GeneratorIterable:
@@ -165,6 +178,22 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
         ),
         lambda: it.WeightedMultiplexIterator(
             [native(10), native(8)], [0.25, 0.75], exact=True, stop_on="first_exhausted"
+        ),
+    ],
+    "TokenBudgetMultiplexIterator": [
+        lambda: TokenBudgetMultiplexIterator(
+            [documents(20), documents(9), documents(30)], [1, 2, 1]
+        ),
+        lambda: TokenBudgetMultiplexIterator(
+            [documents(15), it.MapIterator(it.RandomIterator(3), str)], [1, 1], exact=False,
+            stop_on="first_exhausted",
+        ),
+    ],
+    "PackingIterator": [
+        lambda: it.MapIterator(PackingIterator(documents(), 5), packed_lists),
+        lambda: it.MapIterator(
+            PackingIterator(documents(60), 6, strategy="best_fit", window=3, eos_id=9),
+            packed_lists,
         ),
     ],
     "EqualLengthIterator": [
@@ -283,6 +312,12 @@ DIFFERENT: dict[str, Callable[[], CheckpointableIterator[Any]]] = {
     ),
     "WeightedMultiplexIterator-2": lambda: it.WeightedMultiplexIterator(
         [native(15), native(6)], [1, 1], 5
+    ),
+    "TokenBudgetMultiplexIterator-0": lambda: TokenBudgetMultiplexIterator(
+        [documents(20), documents(9), documents(30)], [1, 2, 1], exact=False
+    ),
+    "PackingIterator-1": lambda: it.MapIterator(
+        PackingIterator(documents(60), 6, strategy="best_fit", window=4, eos_id=9), packed_lists
     ),
     "EqualLengthIterator-1": lambda: EqualLengthIterator(native(17)),
     "WindowedIterator-0": lambda: it.WindowedIterator(native(150), 4),

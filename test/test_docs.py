@@ -52,6 +52,7 @@ RUNNABLE_PAGES = [
     "migrating.md",
     "distributed.md",
     "mixing.md",
+    "howto/pretraining-data.md",
     "pytorch.md",
 ]
 
@@ -65,6 +66,7 @@ EXPECTED_PAGES = [
     "api/shuffle.md",
     "api/batching.md",
     "api/multiplex.md",
+    "api/packing.md",
     "api/windowing-recurrent.md",
     "api/background.md",
     "api/datasets.md",
@@ -95,7 +97,17 @@ API_CONTENT = {
         ("BucketedReadaheadBatchIterator", "sorts them by"),
         ("FixedBatchIterator", "consecutive items"),
     ],
-    "api/multiplex.md": [("MultiplexIterator", "control iterator"), ("ZipIterator", "")],
+    "api/multiplex.md": [
+        ("MultiplexIterator", "control iterator"),
+        ("ZipIterator", ""),
+        ("TokenBudgetMultiplexIterator", "share of the total"),
+    ],
+    "api/packing.md": [
+        ("PackingIterator", "into sequences of exactly"),
+        ("PackedSequence", "One packed sequence"),
+        ("explain", "The origins of the item that"),
+        ("traced_chunks", "whose records come as"),
+    ],
     "api/windowing-recurrent.md": [("WindowedIterator", ""), ("RecurrentIterator", "")],
     "api/background.md": [
         ("PrefetchIterator", "produced ahead by a background worker"),
@@ -146,7 +158,11 @@ API_CONTENT = {
         ("EqualLengthIterator", "the same number of items"),
         ("balanced_shards", "nearly equal item counts per shard"),
     ],
-    "api/torch.md": [("CheckpointableDataset", "IterableDataset"), ("pad_batch", "")],
+    "api/torch.md": [
+        ("CheckpointableDataset", "IterableDataset"),
+        ("pad_batch", ""),
+        ("collate_packed", "Stack packed sequences"),
+    ],
     "api/long-runs.md": [
         ("SkipPolicy", "whose reading or transform raises"),
         ("skip_ledgers", "The ledgers of every stage"),

@@ -33,6 +33,7 @@ from hypothesis.stateful import (
 )
 
 import infinibatch_like.iterators as it
+from infinibatch_like import PackingIterator, TokenBudgetMultiplexIterator
 from infinibatch_like.datasets import chunked_dataset_iterator
 
 REFERENCE_CAP = 300
@@ -97,6 +98,16 @@ def accumulate(state: dict[str, int], item: Any) -> tuple[dict[str, int], list[i
     state["count"] += 1
     state["acc"] = (state["acc"] * 31 + weight(item)) % 10_007
     return state, [state["count"], state["acc"]]
+
+
+def as_document(item: Any) -> list[int]:
+    """A non-empty token list (1 to 5 tokens) for any item."""
+    value = weight(item)
+    return [value % 50 + 3] * (value % 5 + 1)
+
+
+def packed_plain(sequence: dict[str, Any]) -> list[list[Any]]:
+    return [array.tolist() for array in sequence.values()]
 
 
 def choose_source(item: Any) -> int:
@@ -203,6 +214,20 @@ def build_stage(
         return it.WeightedMultiplexIterator(
             sources, list(weights), seed, exact=exact, stop_on=stop_on
         )
+    if kind == "budget":
+        other, weights, seed, exact, stop_on = args
+        sources = [it.MapIterator(pipeline, weight), it.MapIterator(build_source(other), weight)]
+        return TokenBudgetMultiplexIterator(
+            sources, list(weights), weight, seed, exact=exact, stop_on=stop_on
+        )
+    if kind == "pack":
+        seq_len, window, truncate = args
+        options: dict[str, Any] = {"strategy": "best_fit", "window": window} if window else {}
+        packer = PackingIterator(
+            it.MapIterator(pipeline, as_document), seq_len, bos_id=1,
+            long_documents="truncate" if truncate else "split", **options,
+        )  # fmt: skip
+        return it.MapIterator(packer, packed_plain)
     if kind == "multiplex":
         control = it.MapIterator(pipeline, choose_source)
         return it.MultiplexIterator(control, [build_source(args[0]), build_source(args[1])])
@@ -292,7 +317,7 @@ def source_infinite(spec: tuple[Any, ...]) -> bool:
 
 STAGE_KINDS = [
     "map", "select_many", "batch", "window", "blockwise", "buffered", "bucketed",
-    "sampling", "recurrent", "zip", "multiplex", "weighted",
+    "sampling", "recurrent", "zip", "multiplex", "weighted", "budget", "pack",
 ]
 
 
@@ -350,7 +375,11 @@ def draw_stage(draw: Any, drawn: Drawn) -> list[tuple[Any, ...]]:
         drawn.infinite = drawn.infinite and source_infinite(other)
         drawn.depth, drawn.tuples = drawn.depth + 1, True
         return [("zip", other, draw(st.booleans()))]
-    if kind == "weighted":  # the stream and another source, as ints, mixed by weight
+    if kind == "pack":  # items as token lists, packed (concat, or best fit in a window)
+        drawn.depth, drawn.tuples = 2, False
+        window = draw(st.sampled_from([0, 1, 3]))
+        return [("pack", draw(st.integers(1, 7)), window, draw(st.booleans()))]
+    if kind in ("weighted", "budget"):  # the stream and another source, as ints, mixed
         other = draw_source(draw, drawn)
         weights = draw(st.tuples(st.integers(0, 3), st.integers(0, 3)).filter(any))
         stop_on = draw(st.sampled_from(["all_exhausted", "first_exhausted"]))
@@ -359,7 +388,7 @@ def draw_stage(draw: Any, drawn: Drawn) -> list[tuple[Any, ...]]:
         drawn.infinite = any(endless) if stop_on == "all_exhausted" else all(endless)
         drawn.depth, drawn.tuples = 0, False
         seed = seeds(draw, drawn)
-        return [("weighted", other, weights, seed, draw(st.booleans()), stop_on)]
+        return [(kind, other, weights, seed, draw(st.booleans()), stop_on)]
     # multiplex: the current stream picks (by item parity) between two endless sources
     first, second = draw_source(draw, drawn, True), draw_source(draw, drawn, True)
     drawn.depth, drawn.tuples = 0, False

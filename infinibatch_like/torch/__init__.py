@@ -1,10 +1,10 @@
 """PyTorch adapters: `CheckpointableDataset` for DataLoaders, `pad_batch` (and its typed
-partial, `padder`) for collation.
+partial, `padder`) and `collate_packed` for collation.
 
 ``import infinibatch_like`` never imports torch, and importing this subpackage imports
 neither torch nor numpy: torch is imported when `CheckpointableDataset` is first used,
-numpy when `pad_batch` is (``to="numpy"`` works without torch). Both come with the
-``torch`` extra (``pip install 'infinibatch_like[torch]'``).
+numpy when `pad_batch` is (``to="numpy"`` works without torch), both when `collate_packed`
+is. Both come with the ``torch`` extra (``pip install 'infinibatch_like[torch]'``).
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ if TYPE_CHECKING:
     )
     from .dataset import CheckpointableDataset, PipelineFactory, reader_identity
     from .loader_state import resize_loader_state
+    from .packed import PackedBatch, collate_packed
 
 __all__ = [
     "CheckpointableDataset",
+    "PackedBatch",
     "PadOptions",
     "PadValue",
     "PaddedArrays",
@@ -34,6 +36,7 @@ __all__ = [
     "PaddedTensors",
     "PaddedTensorsNoMask",
     "PipelineFactory",
+    "collate_packed",
     "pad_batch",
     "padder",
     "reader_identity",
@@ -52,6 +55,7 @@ _NEEDS_NUMPY = {
     "pad_batch",
     "padder",
 }
+_PACKED = {"PackedBatch", "collate_packed"}
 
 
 def __getattr__(name: str) -> Any:
@@ -64,6 +68,10 @@ def __getattr__(name: str) -> Any:
         from . import loader_state
 
         return getattr(loader_state, name)
+    if name in _PACKED:
+        from . import packed
+
+        return getattr(packed, name)
     if name in _NEEDS_NUMPY:
         from . import collate
 
