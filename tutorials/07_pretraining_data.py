@@ -115,7 +115,7 @@ for name, (count, mean_words, vocabulary) in LAYOUT.items():
 # ---------------------------------------------------------------------------------------
 
 shards: dict[str, list[list[str]]] = {}
-for name, (count, _, _) in LAYOUT.items():
+for name, (count, _mean_words, _vocabulary) in LAYOUT.items():
     chunk_corpus([str(workdir / "raw" / f"{name}.jsonl")], str(workdir / name),
                  items_per_chunk=-(-count // 8), workers=1)  # fmt: skip
     index = load_index(str(workdir / name))
@@ -138,7 +138,15 @@ trainer = trainers.BpeTrainer(
 texts = (json.loads(line)["text"] for name in LAYOUT for line in
          (workdir / "raw" / f"{name}.jsonl").open(encoding="utf-8"))  # fmt: skip
 tokenizer.train_from_iterator(texts, trainer)
-PAD, BOS, EOS = (tokenizer.token_to_id(token) for token in ("[PAD]", "[BOS]", "[EOS]"))
+
+
+def token_id(token: str) -> int:
+    found = tokenizer.token_to_id(token)
+    assert found is not None, f"the tokenizer has no {token}"
+    return found
+
+
+PAD, BOS, EOS = (token_id(token) for token in ("[PAD]", "[BOS]", "[EOS]"))
 VOCAB = tokenizer.get_vocab_size()
 assert (PAD, BOS, EOS) == (0, 1, 2)
 
