@@ -67,6 +67,10 @@ class StageProbe:
         self.remote_items = 0
         self.worker_busy_s = 0.0
         """Summed compute time of the stage's own workers (a parallel map's transform)."""
+        self.collective_s = 0.0
+        """Time in collectives waiting for other ranks (part of `exact_s`)."""
+        self.waited_for: dict[int, float] = {}
+        """`collective_s` by the rank that came last to each collective."""
         self.remote_gauges: Gauges | None = None
         """The stage's gauges as a worker process last sent them (the stage runs there)."""
 
@@ -136,6 +140,14 @@ class StageProbe:
             own = time.perf_counter() - start - (_THREAD.exact_s - before)
             self.exact_s += own
             _THREAD.exact_s += own
+
+    def waited(self, seconds: float, last_rank: int) -> None:
+        """Count `seconds` spent in a collective, waiting for `last_rank` (the last rank
+        to arrive): timed in full, as waiting, not as the stage's work."""
+        self.exact_s += seconds
+        _THREAD.exact_s += seconds
+        self.collective_s += seconds
+        self.waited_for[last_rank] = self.waited_for.get(last_rank, 0.0) + seconds
 
     def counters(self) -> Counters:
         """(items out, sampled seconds, exact seconds, worker busy seconds)."""
