@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
+from ._arrivals import Arrivals
 from ._base import (
     CheckpointableIterator,
     Stage,
@@ -24,7 +25,6 @@ from ._base import (
     require_checkpointable,
     source_state,
 )
-from ._arrivals import Arrivals
 from ._fingerprint import described
 
 if TYPE_CHECKING:
