@@ -107,8 +107,8 @@ def collect(pipeline: CheckpointableIterator[Any]) -> list[StageStats]:
     entries: list[StageStats] = []
     name = type(pipeline).__name__
     tree: dict[int, list[StageStats]] = {}
-    root, _ = _visit(pipeline, (name, name), 0, "consumer", wall, entries, tree)
-    _stall(root, 1.0, tree)
+    top, _ = _visit(pipeline, (name, name), 0, "consumer", wall, entries, tree)
+    _stall(top, 1.0, tree)
     for key, part in (("work_s", "share"), ("stall_s", "stall_share")):
         total = sum(entry[key] for entry in entries)  # type: ignore[literal-required]
         for entry in entries:
