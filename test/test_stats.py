@@ -710,14 +710,15 @@ def test_sharded_workers_that_keep_up_are_not_the_limit() -> None:
 
 
 def slow_chunk(chunk: int) -> list[int]:
-    time.sleep(0.060)
+    time.sleep(0.200)
     return list(range(4 * chunk, 4 * chunk + 4))
 
 
 def test_a_chunk_read_ahead_that_keeps_up_is_not_the_limit() -> None:
-    chunks = it.NativeCheckpointableIterator(list(range(20)))
-    lines = it.SelectManyIterator(chunks, slow_chunk, read_ahead=3)  # 15 ms per item of work
-    path, text = limit_of(consumer_side(lines), 80)
+    chunks = it.NativeCheckpointableIterator(list(range(12)))
+    # 4 readers x 200 ms per chunk of 4 items: 12.5 ms of work per item, room to spare
+    lines = it.SelectManyIterator(chunks, slow_chunk, read_ahead=3)
+    path, text = limit_of(consumer_side(lines), 48)
     assert path == SLOWEST, text
 
 
