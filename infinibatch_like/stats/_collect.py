@@ -122,8 +122,9 @@ def _stall(entry: StageStats, scale: float, tree: dict[int, list[StageStats]]) -
     own time that the consumer waits for (1 in the consumer's thread)."""
     own = scale * max(0.0, (entry["self_s"] or 0.0) - (entry["collective_s"] or 0.0))
     children = tree.get(id(entry), [])
-    pulled = children[0]["time_s"] or 0.0 if children else 0.0
-    if children[:1] and children[0]["runs_in"] != entry["runs_in"] and pulled > 0:
+    worker = children[0] if children and children[0]["runs_in"] != entry["runs_in"] else None
+    pulled = 0.0 if worker is None else worker["time_s"] or 0.0
+    if pulled > 0:
         entry["stall_s"] = 0.0  # a prefetcher: its worker's stages cause the wait
         scale = own / pulled
     elif entry["workers"]:  # at most what its workers did (not their start-up)
