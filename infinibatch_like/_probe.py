@@ -3,9 +3,9 @@ statistics are on, and the transport of worker processes' counters to the consum
 
 A probe wraps its stage's item iterator (``_iterator``) each time the stage is restored
 (`Stage._set`), so that downstream stages, which pull from it directly, pull through the
-probe. The wrapper is C-level (``chain.from_iterable`` over ``islice``/``compress``
-stretches): a Python frame runs once per stretch, not per item. It counts every item
-exactly and times one pull per stretch; stretch lengths are drawn at random (mean
+probe. The wrapper is C-level (``chain.from_iterable`` over ``islice`` stretches, see
+`infinibatch_like._stretch`): a Python frame runs once per stretch, not per item. It
+counts every item exactly and times one pull per stretch; stretch lengths are drawn at random (mean
 `sample_every`), before the pull they follow, so that sampling never locks onto a periodic
 pattern and a timed pull stands for itself and its stretch (an unbiased estimate). Slow
 stages, whose items have come `SLOW_ITEM_S` or more apart on average (wall time since
@@ -23,12 +23,12 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
-from itertools import chain, compress, islice, repeat
-from operator import length_hint
+from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
 from typing import Any, NamedTuple, TypeVar
 
 from ._base import CheckpointableIterator, Stage
+from ._stretch import stretch, yielded
 
 T = TypeVar("T")
 
@@ -55,10 +55,10 @@ class StageProbe:
         self.sample_every = sample_every
         self._rng = random.Random(seed)
         self.wrapped: Iterator[Any] | None = None
-        self._done = 0
-        self._selectors: Iterator[bool] | None = None
-        self._stretch = 0
-        self.timed_pulls = 0
+        self._counts: tuple[int, Iterator[Any] | None] = (0, None)
+        """Items counted before the last stretch, and that stretch (None before the
+        first): one attribute, so that a reader in another thread never sees a stretch
+        counted twice or not at all."""
         self.estimated_s = 0.0
         self.exact_s = 0.0
         self.started: float | None = None
@@ -67,16 +67,18 @@ class StageProbe:
         self.remote_items = 0
         self.worker_busy_s = 0.0
         """Summed compute time of the stage's own workers (a parallel map's transform)."""
+        self.collective_s = 0.0
+        """Time in collectives waiting for other ranks (part of `exact_s`)."""
+        self.waited_for: dict[int, float] = {}
+        """`collective_s` by the rank that came last to each collective."""
         self.remote_gauges: Gauges | None = None
         """The stage's gauges as a worker process last sent them (the stage runs there)."""
 
     @property
     def items_out(self) -> int:
         """Items this stage yielded (counted here or in a worker process)."""
-        done = self._done
-        if self._selectors is not None:
-            done += self._stretch + 1 - length_hint(self._selectors)
-        return done + self.remote_items
+        done, items = self._counts
+        return done + (0 if items is None else yielded(items)) + self.remote_items
 
     def attach(self, stage: Stage[Any]) -> None:
         """Wrap `stage`'s item iterator (after each restore); idempotent."""
@@ -92,35 +94,40 @@ class StageProbe:
         if runner is not None and getattr(runner, "probe", None) is self:
             runner.probe = None
 
-    def _stretches(self, pull: Iterator[Any]) -> Iterator[Any]:
+    def _stretches(self, pull: Iterator[Any]) -> Iterator[Iterable[Any]]:
         clock, draw, span = time.perf_counter, self._rng.random, 2 * self.sample_every - 1
+        thread, slow = _THREAD, SLOW_ITEM_S if span > 1 else 0.0
         if self.started is None:
             self.started = clock()
         started = self.started
+        done, items = self._counts  # a stretch left by the iterator before a restore
+        done += 0 if items is None else yielded(items)
+        self._counts = (done, None)
         while True:
-            if self._selectors is not None:  # the stretch before is used up
-                self._done += self._stretch + 1 - length_hint(self._selectors)
-                self._selectors = None
             start = clock()
             # Chosen before the pull, so that a sample's weight never depends on its time.
-            exact = span == 1 or start - started >= SLOW_ITEM_S * self._done
-            length = 0 if exact else int(draw() * span)
-            exact_before = _THREAD.exact_s
+            length = 0 if start - started >= slow * done else int(draw() * span)
+            exact_before = thread.exact_s
             try:
                 item = next(pull)
-            except StopIteration:
+            except StopIteration:  # the stretch before may have ended early
                 self.ended_at = clock()
+                done, items = self._counts
+                self._counts = (done + (0 if items is None else yielded(items)), None)
                 return
-            inside = _THREAD.exact_s - exact_before  # steps timed in full, here or upstream
-            took = clock() - start - inside
-            self.timed_pulls += 1
+            # less the steps timed in full in the pull, here or upstream
+            took = clock() - start - (thread.exact_s - exact_before)
             self.estimated_s += took * (1 + length)
-            self._done += 1
-            yield (item,)
+            done += 1
             if length:
-                self._stretch = length
-                self._selectors = selectors = repeat(True, length + 1)
-                yield islice(compress(pull, selectors), length)
+                items = stretch(pull, length)
+                self._counts = (done, items)
+                yield (item,)
+                yield items
+                done += length  # used up (or the stream ended in it: see above)
+            else:
+                self._counts = (done, None)
+                yield (item,)
 
     def timed(self, work: Callable[[], T]) -> T:
         """``work()``, its time added to the stage's in full: for a stage's rare long
@@ -134,34 +141,38 @@ class StageProbe:
             self.exact_s += own
             _THREAD.exact_s += own
 
+    def waited(self, seconds: float, last_rank: int) -> None:
+        """Count `seconds` spent in a collective, waiting for `last_rank` (the last rank
+        to arrive): timed in full, as waiting, not as the stage's work."""
+        self.exact_s += seconds
+        _THREAD.exact_s += seconds
+        self.collective_s += seconds
+        self.waited_for[last_rank] = self.waited_for.get(last_rank, 0.0) + seconds
+
     def counters(self) -> Counters:
-        """(items out, timed pulls, sampled seconds, exact seconds, worker busy seconds)."""
-        return (
-            self.items_out,
-            self.timed_pulls,
-            self.estimated_s,
-            self.exact_s,
-            self.worker_busy_s,
-        )
+        """(items out, sampled seconds, exact seconds, worker busy seconds)."""
+        return (self.items_out, self.estimated_s, self.exact_s, self.worker_busy_s)
 
     def absorb(self, counters: Counters) -> None:
         """Add counters that a worker process measured for this stage."""
-        items, pulls, sampled, exact, busy = counters
+        items, sampled, exact, busy = counters
         self.remote_items += items
-        self.timed_pulls += pulls
         self.estimated_s += sampled
         self.exact_s += exact
         self.worker_busy_s += busy
 
 
 class _ThreadTotals(threading.local):
-    exact_s = 0.0
-    """Seconds of steps timed in full (`StageProbe.timed`) in this thread so far."""
+    def __init__(self) -> None:
+        self.exact_s = 0.0
+        """Seconds of steps timed in full (`StageProbe.timed`) in this thread so far."""
 
 
 _THREAD = _ThreadTotals()
 
-Counters = tuple[int, int, float, float, float]
+Counters = tuple[int, float, float, float]
+
+_ZERO: Counters = (0, 0.0, 0.0, 0.0)
 
 
 def probe_of(stage: object) -> StageProbe | None:
@@ -239,7 +250,7 @@ class WorkerStats:
         instrument(source, sample_every)  # fresh probes: forked ones hold the parent's counts
         self._stages = list(walk(source))
         self._probes = [probe_of(stage) for stage in self._stages]
-        self._sent: list[Counters] = [(0, 0, 0.0, 0.0, 0.0) for _ in self._probes]
+        self._sent: list[Counters] = [_ZERO for _ in self._probes]
         self._due = 0.0
 
     def due(self) -> bool:
@@ -251,16 +262,10 @@ class WorkerStats:
         self._due = time.monotonic() + REPORT_S
         out = []
         for index, probe in enumerate(self._probes):
-            now = (0, 0, 0.0, 0.0, 0.0) if probe is None else probe.counters()
-            before = self._sent[index]
+            now = _ZERO if probe is None else probe.counters()
+            (items, sampled, exact, busy), before = now, self._sent[index]
             out.append(
-                (
-                    now[0] - before[0],
-                    now[1] - before[1],
-                    now[2] - before[2],
-                    now[3] - before[3],
-                    now[4] - before[4],
-                )
+                (items - before[0], sampled - before[1], exact - before[2], busy - before[3])
             )
             self._sent[index] = now
         return out, [current_gauges(stage) for stage in self._stages]

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
+from ._arrivals import Arrivals
 from ._base import (
     GATHERED_FORMAT,
     CheckpointableIterator,
@@ -174,6 +176,10 @@ def restore_state(
     iterator.setstate(states[rank])
 
 
+def _rank_in(group: ProcessGroup | None) -> int:
+    return _group_rank_and_size("EqualLengthIterator", group)[0]
+
+
 def _all_reduce_max(flags: list[int], group: ProcessGroup | None) -> list[int]:
     """The element-wise maximum of `flags` over the ranks of `group` (a collective call)."""
     dist = _process_group_module()
@@ -200,8 +206,9 @@ class EqualLengthIterator(Stage[T]):
 
     In a distributed evaluation, ranks whose shares differ in length would run different
     numbers of steps, and the collectives inside DistributedDataParallel would hang. Before
-    each item the ranks agree (one ``all_reduce`` of three integers over `group`) on
-    whether to go on:
+    each item the ranks agree (one ``all_reduce`` of four integers over `group`: three
+    flags, and the rank's arrival, from which statistics tell the rank the others
+    wait for) on whether to go on:
 
     - ``policy="pad"`` (default): the pass lasts as long as the longest rank's share. A
       rank whose share has ended yields padding: its share again from the start (cycling,
@@ -314,6 +321,7 @@ class EqualLengthIterator(Stage[T]):
     def _generate(self) -> Iterator[T]:
         pull = fast_iterator(self._source)
         first: Any = _NOTHING  # the share's first item, read to learn if there is one
+        arrivals = Arrivals(_rank_in(self._group))  # which rank the others wait for
         while self._phase != "ended":
             running = self._phase == "running"
             item = next(pull, _NOTHING) if running else _NOTHING
@@ -326,9 +334,10 @@ class EqualLengthIterator(Stage[T]):
                 pull = self._restarted()
                 first = next(pull, _NOTHING)
                 stuck = first is _NOTHING
-            someone_lacks, someone_has, someone_stuck = _all_reduce_max(
-                [int(not has_item), int(has_item), int(stuck)], self._group
-            )
+            flags = [int(not has_item), int(has_item), int(stuck), arrivals.code()]
+            entered = time.perf_counter()
+            someone_lacks, someone_has, someone_stuck, last = _all_reduce_max(flags, self._group)
+            arrivals.left_collective(entered, last, self._probe)
             if someone_lacks if self._drop else not someone_has:
                 self._phase = "ended"
                 if has_item:

@@ -677,3 +677,128 @@ def test_report_has_no_storage_line_without_remote_reads() -> None:
     list(pipeline)
     assert "storage" not in stats.report(pipeline)
     assert stats.flat(pipeline)["data/storage/requests"] == 0.0
+
+
+# -- the limiting stage is the one the consumer waits for ----------------------------------
+
+
+def nap(seconds: float, item: Any) -> Any:
+    time.sleep(seconds)
+    return item
+
+
+def consumer_side(pipeline: it.CheckpointableIterator[Any]) -> it.CheckpointableIterator[Any]:
+    """Three stages in the consumer's thread: 10 ms (the slowest), 5 ms and 5 ms per item.
+    Behind them, a background stage whose workers do more work per item than any of
+    them (12 ms) but keep ahead of the 20 ms the consumer takes per item."""
+    slowest = it.MapIterator(pipeline, functools.partial(nap, 0.010))
+    return it.MapIterator(
+        it.MapIterator(slowest, functools.partial(nap, 0.005)), functools.partial(nap, 0.005)
+    )
+
+
+def limit_of(pipeline: it.CheckpointableIterator[Any], items: int) -> tuple[str, str]:
+    with pipeline:
+        stats.enable(pipeline)
+        assert sum(1 for _ in pipeline) == items
+        entries = stats.collect(pipeline)
+        text = stats.report(pipeline)
+    slowest = stats.limiting(entries)
+    assert slowest is not None, text
+    return slowest["path"], text
+
+
+SLOWEST = "MapIterator.source > MapIterator.source > MapIterator"
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_parallel_map_that_keeps_up_is_not_the_limit(mode: str) -> None:
+    source = it.NativeCheckpointableIterator(list(range(30)))
+    # 2 workers x 24 ms per item: 12 ms of work per item, and room to spare
+    mapped = it.ParallelMapIterator(
+        source, functools.partial(nap, 0.024), 2, 1, mode=mode, start_method="fork"
+    )
+    path, text = limit_of(consumer_side(mapped), 30)
+    assert path == SLOWEST, text
+    assert f"data-bound; limiting stage: {SLOWEST} (" in text
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_prefetcher_that_keeps_up_is_not_the_limit(mode: str) -> None:
+    source = it.NativeCheckpointableIterator(list(range(30)))
+    worker_side = it.MapIterator(source, functools.partial(nap, 0.012))
+    prefetched = it.PrefetchIterator(worker_side, 30, mode=mode, start_method="fork")
+    path, text = limit_of(consumer_side(prefetched), 30)
+    assert path == SLOWEST, text
+
+
+def shard_of_slow_items(shard: int, num_shards: int) -> it.CheckpointableIterator[Any]:
+    source = it.NativeCheckpointableIterator(list(range(10 * shard, 10 * shard + 10)))
+    return it.MapIterator(source, functools.partial(nap, 0.024))
+
+
+def test_sharded_workers_that_keep_up_are_not_the_limit() -> None:
+    from infinibatch_like.sharded import ShardedIterator
+
+    sharded = ShardedIterator(shard_of_slow_items, 4, 0, 1, workers=2, start_method="fork")
+    path, text = limit_of(consumer_side(sharded), 40)
+    assert path == SLOWEST, text
+
+
+def slow_chunk(chunk: int) -> list[int]:
+    time.sleep(0.200)
+    return list(range(4 * chunk, 4 * chunk + 4))
+
+
+def test_a_chunk_read_ahead_that_keeps_up_is_not_the_limit() -> None:
+    chunks = it.NativeCheckpointableIterator(list(range(12)))
+    # 4 readers x 200 ms per chunk of 4 items: 12.5 ms of work per item, room to spare
+    lines = it.SelectManyIterator(chunks, slow_chunk, read_ahead=3)
+    path, text = limit_of(consumer_side(lines), 48)
+    assert path == SLOWEST, text
+
+
+def test_a_slow_stage_behind_a_prefetcher_is_the_limit() -> None:
+    source = it.NativeCheckpointableIterator(list(range(30)))
+    slow_one = it.MapIterator(source, functools.partial(nap, 0.040))
+    prefetched = it.PrefetchIterator(slow_one, 30, mode="thread")
+    path, text = limit_of(consumer_side(prefetched), 30)
+    expected = f"{SLOWEST}.source > PrefetchIterator.source > MapIterator"
+    assert path == expected, text
+
+
+def test_a_collective_wait_is_reported_as_waiting_for_the_slow_rank(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from test_distributed import Member, ThreadGroup, run_ranks
+
+    from infinibatch_like import distributed
+
+    monkeypatch.setattr(
+        distributed, "_all_reduce_max", lambda flags, m: m.group.reduce(m.rank, flags)
+    )
+    monkeypatch.setattr(distributed, "_rank_in", lambda member: member.rank)
+    group = ThreadGroup(3)
+
+    def rank(index: int) -> tuple[list[stats.StageStats], str]:
+        source = it.NativeCheckpointableIterator(list(range(20)))
+        step = functools.partial(nap, 0.010 if index == 2 else 0.0)  # rank 2 is slow
+        pipeline = distributed.EqualLengthIterator(
+            it.MapIterator(source, step), group=Member(group, index)
+        )
+        stats.enable(pipeline)
+        assert len(list(pipeline)) == 20
+        return stats.collect(pipeline), stats.report(pipeline)
+
+    (entries, text), _, (slow_entries, _) = run_ranks(rank, 3)
+    root = entries[0]
+    assert root["stage"] == "EqualLengthIterator"
+    assert root["slowest_rank"] == 2, text
+    assert root["collective_s"] is not None
+    assert root["collective_s"] > 0.5 * root["time_s"]
+    assert root["stall_s"] < 0.1 * root["collective_s"]  # waiting, not work
+    assert "waiting for other ranks (mostly for rank 2, the last to arrive)" in text
+    assert "this rank's pipeline keeps up; the wait is for a slower rank" in text
+    slowest = stats.limiting(slow_entries)  # rank 2 names its own slow stage
+    assert slowest is not None
+    assert slowest["path"] == "EqualLengthIterator.source > MapIterator"

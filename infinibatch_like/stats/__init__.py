@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 
-def enable(pipeline: CheckpointableIterator[Any], sample_every: int = 1024) -> None:
+def enable(pipeline: CheckpointableIterator[Any], sample_every: int = 4096) -> None:
     """Switch statistics on for every stage of `pipeline`, with fresh counters.
 
     The pipeline is restored in place from its own state, which rebuilds its stages' item
@@ -86,7 +86,7 @@ def disable(pipeline: CheckpointableIterator[Any]) -> None:
 
 @contextlib.contextmanager
 def enabled(
-    pipeline: CheckpointableIterator[Any], sample_every: int = 1024
+    pipeline: CheckpointableIterator[Any], sample_every: int = 4096
 ) -> Iterator[CheckpointableIterator[Any]]:
     """``with stats.enabled(pipeline):`` statistics on for the block, off after it."""
     enable(pipeline, sample_every)

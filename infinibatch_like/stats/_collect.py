@@ -67,6 +67,22 @@ class StageStats(TypedDict):
     waiting, and the work is its source's)."""
     share: float
     """`work_s` over the sum of every stage's `work_s` (0..1)."""
+    collective_s: float | None
+    """Of `self_s`, the time spent in collectives waiting for other ranks (an
+    `EqualLengthIterator`'s agreement on each step): waiting, not work."""
+    slowest_rank: int | None
+    """With `collective_s`: the rank that this rank waited for longest in those
+    collectives (the last to arrive)."""
+    stall_s: float
+    """The part of the consumer's wait for data (the outermost stage's `time_s`) that
+    this stage causes, as the gauges read: a stage pulled by the consumer causes its
+    own time; the consumer's wait for a prefetcher (its buffer ran empty) is caused by
+    the stages its worker pulls, in proportion to their own time; the wait for a
+    parallel map's or a chunk read-ahead's workers by that stage, up to its workers'
+    busy time over their number (not their start). A stage that keeps ahead (its buffer
+    full) causes none, however busy its workers. Collective waits are left out."""
+    stall_share: float
+    """`stall_s` over the sum of every stage's `stall_s` (0..1)."""
     wall_s: float
     """Wall time since the outermost stage's first item was asked for."""
 
@@ -91,11 +107,33 @@ def collect(pipeline: CheckpointableIterator[Any]) -> list[StageStats]:
     wall = 0.0 if root.started is None else (root.ended_at or now) - root.started
     entries: list[StageStats] = []
     name = type(pipeline).__name__
-    _visit(pipeline, (name, name), 0, "consumer", wall, entries)
-    total = sum(entry["work_s"] for entry in entries)
-    for entry in entries:
-        entry["share"] = entry["work_s"] / total if total > 0 else 0.0
+    tree: dict[int, list[StageStats]] = {}
+    top, _ = _visit(pipeline, (name, name), 0, "consumer", wall, entries, tree)
+    _stall(top, 1.0, tree)
+    for key, part in (("work_s", "share"), ("stall_s", "stall_share")):
+        total = sum(entry[key] for entry in entries)  # type: ignore[literal-required]
+        for entry in entries:
+            value = entry[key]  # type: ignore[literal-required]
+            entry[part] = value / total if total > 0 else 0.0  # type: ignore[literal-required]
     return entries
+
+
+def _stall(entry: StageStats, scale: float, tree: dict[int, list[StageStats]]) -> None:
+    """Set `stall_s` of `entry` and its upstream stages: `scale` is the share of their
+    own time that the consumer waits for (1 in the consumer's thread)."""
+    own = scale * max(0.0, (entry["self_s"] or 0.0) - (entry["collective_s"] or 0.0))
+    children = tree.get(id(entry), [])
+    worker = children[0] if children and children[0]["runs_in"] != entry["runs_in"] else None
+    pulled = 0.0 if worker is None else worker["time_s"] or 0.0
+    if pulled > 0:
+        entry["stall_s"] = 0.0  # a prefetcher: its worker's stages cause the wait
+        scale = own / pulled
+    elif entry["workers"]:  # at most what its workers did (not their start-up)
+        entry["stall_s"] = min(own, (entry["worker_busy_s"] or 0.0) / entry["workers"])
+    else:
+        entry["stall_s"] = own
+    for child in children:
+        _stall(child, scale, tree)
 
 
 def _visit(
@@ -105,6 +143,7 @@ def _visit(
     runs_in: str,
     wall: float,
     entries: list[StageStats],
+    tree: dict[int, list[StageStats]],
 ) -> tuple[StageStats, float]:
     """Append the entries of `stage` (at `paths`: its path and pattern) and its upstream
     stages to `entries`; return the stage's entry and the time of the steps timed in full
@@ -122,12 +161,18 @@ def _visit(
     replicas = getattr(stage, "_replica_sources", False)
     children = [
         _visit(
-            source, _child_paths(paths, sources, index, replicas), depth + 1, inner, wall, entries
+            source,
+            _child_paths(paths, sources, index, replicas),
+            depth + 1,
+            inner,
+            wall,
+            entries,
+            tree,
         )
         for index, source in enumerate(sources)
     ]
     exact += sum(child_exact for child, child_exact in children if child["runs_in"] == runs_in)
-    children_entries = [child for child, _ in children]
+    children_entries = tree[id(entry)] = [child for child, _ in children]
     if probe is not None:  # the sampled rest, plus every step timed in full in its pulls
         entry["time_s"] = entry["self_s"] = probe.estimated_s + exact
     if probe is not None and sources:
@@ -193,8 +238,15 @@ def _entry(
         "in_flight": None,
         "work_s": 0.0,
         "share": 0.0,
+        "collective_s": None,
+        "slowest_rank": None,
+        "stall_s": 0.0,
+        "stall_share": 0.0,
         "wall_s": wall,
     }
+    if probe is not None and probe.waited_for:
+        entry["collective_s"] = probe.collective_s
+        entry["slowest_rank"] = max(probe.waited_for, key=probe.waited_for.__getitem__)
     gauges = current_gauges(stage)
     if probe is not None and gauges is not None:
         entry["queue_fill"], entry["in_flight"] = gauges.queue_fill, gauges.in_flight
@@ -213,17 +265,19 @@ def _work(stage: object, entry: StageStats) -> float:
 
 
 def limiting(entries: list[StageStats]) -> StageStats | None:
-    """The stage that does the most work (largest `work_s`), or None if none did any.
+    """The stage that limits throughput: the one that causes the largest part of the
+    consumer's wait for data (`stall_s`), or None if none caused any. A background
+    stage that keeps ahead of the consumer is never it, however busy its workers.
 
     The copies of a stage in the shard pipelines of a `ShardedIterator` (one `pattern`)
     count as one stage: their entries added up, its `path` the pattern (per worker:
     workers run in parallel, the shards of one worker one after the other)."""
-    busiest = max((entry for entry, _ in pooled(entries)), key=_work_of, default=None)
-    return busiest if busiest is not None and busiest["work_s"] > 0 else None
+    slowest = max((entry for entry, _ in pooled(entries)), key=_stall_of, default=None)
+    return slowest if slowest is not None and slowest["stall_s"] > 0 else None
 
 
-def _work_of(entry: StageStats) -> float:
-    return entry["work_s"]
+def _stall_of(entry: StageStats) -> float:
+    return entry["stall_s"]
 
 
 _COUNTERS = (
@@ -237,6 +291,9 @@ _COUNTERS = (
     "queue_fill",
     "in_flight",
     "share",
+    "collective_s",
+    "stall_s",
+    "stall_share",
 )
 
 

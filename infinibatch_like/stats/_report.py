@@ -34,7 +34,8 @@ def render(entries: list[StageStats]) -> str:
     """The text of `report` for `entries` (a `collect` result)."""
     lines = [
         f"pipeline statistics over {entries[0]['wall_s']:.2f} s "
-        f"(items/s, share of the pipeline's work, own time)"
+        f"(items/s, share of the pipeline's work, share of the consumer's wait it causes, "
+        "own time)"
     ]
     for entry, copies in pooled(entries):
         lines.append(_line(entry, copies))
@@ -53,7 +54,12 @@ def _line(entry: StageStats, copies: int) -> str:
         return f"{name:<52} (no statistics: not a stage of this library)"
     rate = entry["items_per_s"]
     text = f"{name:<52} {0 if rate is None else rate:>12,.0f}/s {100 * entry['share']:5.1f} %"
-    text += f"  own {entry['self_s'] or 0.0:7.3f} s"
+    text += f"  wait {100 * entry['stall_share']:5.1f} %  own {entry['self_s'] or 0.0:7.3f} s"
+    if entry["collective_s"]:
+        text += (
+            f"  waiting for other ranks {entry['collective_s']:.3f} s (mostly rank "
+            f"{entry['slowest_rank']})"
+        )
     reads_chunks = entry["stage"] in _CHUNKS
     if entry["workers"]:
         who = "readers" if reads_chunks else "workers"
@@ -68,13 +74,29 @@ def _line(entry: StageStats, copies: int) -> str:
 
 
 def _verdict(entries: list[StageStats]) -> str:
-    wait = consumer_wait_share(entries)
     root = entries[0]
-    waited = f"the consumer waited {root['time_s'] or 0.0:.2f} s for data ({100 * wait:.1f} %)"
-    busiest = limiting(entries)
-    if busiest is None:
-        return f"{waited}; no stage did measurable work yet"
-    name = f"{busiest['path']} ({100 * busiest['share']:.0f} % of the pipeline's work)"
+    wait = consumer_wait_share(entries)
+    text = f"the consumer waited {root['time_s'] or 0.0:.2f} s for data ({100 * wait:.1f} %)"
+    collective = sum(entry["collective_s"] or 0.0 for entry in entries)
+    if collective > 0:
+        waits = [entry for entry in entries if entry["collective_s"]]
+        rank = max(waits, key=lambda entry: entry["collective_s"] or 0.0)["slowest_rank"]
+        text += (
+            f", {collective:.2f} s of it in collectives waiting for other ranks (mostly "
+            f"for rank {rank}, the last to arrive)"
+        )
+        wait = max(0.0, (root["time_s"] or 0.0) - collective) / root["wall_s"] if wait else 0.0
+    slowest = limiting(entries)
     if wait < STARVED:
-        return f"{waited}: the training loop is the limit, not the data; busiest stage: {name}"
-    return f"{waited}: data-bound; limiting stage: {name}"
+        if collective > STARVED * root["wall_s"]:
+            text += ": this rank's pipeline keeps up; the wait is for a slower rank"
+        else:
+            text += ": the training loop is the limit, not the data"
+        return text if slowest is None else f"{text}; most of the wait: {_named(slowest)}"
+    if slowest is None:
+        return f"{text}; no stage caused measurable waiting yet"
+    return f"{text}: data-bound; limiting stage: {_named(slowest)}"
+
+
+def _named(entry: StageStats) -> str:
+    return f"{entry['path']} ({100 * entry['stall_share']:.0f} % of the wait)"
