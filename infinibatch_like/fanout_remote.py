@@ -1,0 +1,326 @@
+"""Fan-out consumers in other processes of the host: the owner serves them on a Unix
+socket (`Server`), each attaches by its path (`attach`).
+
+Messages are pickled tuples in the frames of `_background.wire`, one request and one
+reply at a time: ``("attach", index, pid)``, ``("next",)``, ``("getstate",)``,
+``("setstate", state)``, ``("close",)``. A reply is ``("ok", value)``, ``("end",)`` or
+``("error", report)``. The owner answers each consumer in a thread of its own; a consumer
+waits for a reply while the owner process lives (an owner that dies or closes is seen at
+once, by the end of the socket, or within `POLL_S` by its pid).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import select
+import socket
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from ._background import wire
+from ._background.errors import WorkerError, as_exception, report_error
+from ._background.lifecycle import (
+    LAST_WORDS_S,
+    POLL_S,
+    THREAD_STOP_S,
+    Resource,
+    check_interrupt,
+    parent_alive,
+)
+from ._base import State
+from ._fanout_hub import NAME
+from .fanout import FanOutStage
+
+if TYPE_CHECKING:
+    from .fanout import FanOut
+
+T = TypeVar("T")
+
+SEND_TIMEOUT_S = 60.0
+"""How long sending one message may block on a peer that does not read (seconds)."""
+
+_SERVERS: weakref.WeakSet[Server] = weakref.WeakSet()
+_CLIENTS: weakref.WeakSet[RemoteConsumer[Any]] = weakref.WeakSet()
+
+
+def _send(sock: socket.socket, message: tuple[Any, ...]) -> None:
+    data = pickle.dumps(message, wire.PROTOCOL)
+    sock.sendall(len(data).to_bytes(8, "little") + data)
+
+
+def _gone(sock: socket.socket) -> bool:
+    """Whether the peer of `sock` closed it (it sends nothing while it waits for a reply)."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN | select.POLLHUP)
+    if not poller.poll(0):
+        return False
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+class Server(Resource):
+    """Serves the consumers of `fan` to processes that attach at `address`."""
+
+    def __init__(self, fan: FanOut[Any], address: str) -> None:
+        self.fan, self.hub, self.address = fan, fan._hub, address
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(address)
+        except OSError as error:
+            listener.close()
+            raise ValueError(
+                f"{NAME}.serve: cannot create the socket {address!r} ({error}); give a path "
+                "in an existing directory, where no file is"
+            ) from error
+        os.chmod(address, 0o600)
+        listener.listen()
+        listener.settimeout(POLL_S)
+        super().__init__()
+        self._listener = listener
+        self._stop = threading.Event()
+        self._connections: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._accepter = self._thread(self._accept, "accept")
+        _SERVERS.add(self)
+
+    def _thread(self, target: Any, name: str, *args: Any) -> threading.Thread:
+        thread = threading.Thread(
+            target=target, args=args, name=f"infinibatch_like.{NAME}.{name}", daemon=True
+        )
+        thread.start()
+        return thread
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:  # the listener was closed: stopping
+                return
+            connection.settimeout(SEND_TIMEOUT_S)
+            with self._lock:
+                self._connections.add(connection)
+                self._threads = [t for t in self._threads if t.is_alive()]
+                self._threads.append(self._thread(self._serve, "connection", connection))
+
+    def _serve(self, connection: socket.socket) -> None:
+        index: int | None = None
+        closed = False
+        try:
+            reader = wire.FrameReader(connection.fileno())
+            frame = self._receive(reader)
+            if frame is None:
+                return
+            _, wanted, pid = pickle.loads(frame)
+            try:
+                self.fan.claim(wanted, f"attached by process {pid}")
+            except (TypeError, ValueError) as error:
+                _send(connection, ("error", report_error(error, self._where())))
+                return
+            index = wanted
+            self.hub.connected(index, True)
+            _send(connection, ("ok", (self.hub.consumers, self.hub.mode, os.getpid())))
+            while (frame := self._receive(reader)) is not None:
+                request = pickle.loads(frame)
+                reply = self._answer(index, request, connection)
+                closed = request[0] == "close"
+                self._reply(connection, reply)
+                if closed:
+                    return
+        except OSError:  # the consumer went away mid-message
+            pass
+        finally:
+            if index is not None:
+                self.fan.release(index)
+                if closed:
+                    self.hub.close_if_done()
+                else:
+                    self.hub.connected(index, False)
+            with self._lock:
+                self._connections.discard(connection)
+            connection.close()
+
+    def _receive(self, reader: wire.FrameReader) -> bytearray | None:
+        return wire.read_until(reader, lambda: not self._stop.is_set(), POLL_S, 0.0)
+
+    def _where(self) -> str:
+        return f"in the {NAME} owner (pid {os.getpid()}, serving {self.address})"
+
+    def _answer(
+        self, index: int, request: tuple[Any, ...], connection: socket.socket
+    ) -> tuple[Any, ...]:
+        hub = self.hub
+        try:
+            kind = request[0]
+            if kind == "next":
+                return ("ok", hub.take(index, lambda: _gone(connection)))
+            if kind == "getstate":
+                return ("ok", hub.state())
+            if kind == "setstate":
+                hub.restore_one(index, request[1])
+                return ("ok", None)
+            hub.close_consumer(index)
+            return ("ok", hub.state())
+        except StopIteration:
+            return ("end",)
+        except BaseException as error:  # re-raised in the consumer
+            return ("error", report_error(error, self._where(), hub.source))
+
+    def _reply(self, connection: socket.socket, reply: tuple[Any, ...]) -> None:
+        try:
+            _send(connection, reply)
+        except (pickle.PicklingError, TypeError, AttributeError) as error:
+            _send(connection, ("error", report_error(error, f"sending an item {self._where()}")))
+
+    def _shutdown(self) -> None:
+        self._stop.set()
+        self._listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.address)
+        with self._lock:
+            connections, threads = list(self._connections), [self._accepter, *self._threads]
+        for connection in connections:  # the consumers see the end of their socket
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + THREAD_STOP_S
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def forget(self) -> None:
+        """In a forked child: close the inherited sockets, leaving the parent's alone."""
+        self._listener.close()
+        for connection in list(self._connections):
+            connection.close()
+
+
+class _Remote:
+    """The items of a remote consumer."""
+
+    def __init__(self, consumer: RemoteConsumer[Any]) -> None:
+        self._call = consumer._call
+
+    def __iter__(self) -> _Remote:
+        return self
+
+    def __next__(self) -> Any:
+        return self._call(("next",))
+
+
+class RemoteConsumer(FanOutStage[T], Generic[T]):
+    """A consumer of a `FanOut` served by another process of this host (see `attach`).
+
+    Checkpoint:
+        The whole fan-out's state, as for `FanOutConsumer` (asked of the owner).
+    """
+
+    def __init__(self, address: str, index: int, *, timeout: float = 60.0) -> None:
+        self._address, self._index = address, index
+        self._socket = _connect(address, timeout)
+        self._reader = wire.FrameReader(self._socket.fileno())
+        self._owner_pid = 0
+        self._final: State | None = None
+        self._finalizer = weakref.finalize(self, self._socket.close)
+        _CLIENTS.add(self)
+        self._count, self._mode, self._owner_pid = self._call(("attach", index, os.getpid()))
+        self._iterator = _Remote(self)
+
+    def _owner_alive(self) -> bool:
+        check_interrupt()
+        return self._owner_pid == 0 or parent_alive(self._owner_pid)
+
+    def _call(self, request: tuple[Any, ...]) -> Any:
+        """Send `request`, return the owner's answer (raising its error)."""
+        try:
+            _send(self._socket, request)
+            frame = wire.read_until(self._reader, self._owner_alive, POLL_S, LAST_WORDS_S)
+        except BaseException:  # an interrupted exchange leaves the connection unusable
+            self._finalizer()
+            raise
+        if frame is None:
+            self._finalizer()
+            raise WorkerError(
+                f"{NAME}: the owner (pid {self._owner_pid or 'unknown'}) serving "
+                f"{self._address} closed or died while consumer {self._index} waited for "
+                "it; attach again to a new owner and setstate() from a checkpoint"
+            )
+        reply = pickle.loads(frame)
+        if reply[0] == "end":
+            raise StopIteration
+        if reply[0] == "error":
+            raise as_exception(reply[1])
+        return reply[1]
+
+    def _state(self) -> State:
+        if self._final is not None:
+            return self._final
+        fields: State = self._call(("getstate",))
+        return fields
+
+    def _restore(self, state: State | None) -> None:
+        self._call(("setstate", state))
+        self._iterator = _Remote(self)
+
+    def close(self) -> None:
+        """Tell the owner this consumer is closed (it holds no one back any more), then
+        close the connection. Idempotent."""
+        if not self._closed and self._finalizer.alive:
+            with contextlib.suppress(Exception):  # an owner gone: getstate() will say so
+                self._final = self._call(("close",))
+        super().close()
+        self._finalizer()
+
+    def forget(self) -> None:
+        """In a forked child: close the inherited connection."""
+        self._socket.close()
+
+
+def _connect(address: str, timeout: float) -> socket.socket:
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(address)
+        except (FileNotFoundError, ConnectionRefusedError) as error:
+            sock.close()
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{NAME}: no fan-out serves at {address!r} (waited timeout={timeout} s: "
+                    f"{error.strerror}); start its owner with FanOut.serve({address!r})"
+                ) from None
+            time.sleep(0.05)
+            continue
+        sock.settimeout(SEND_TIMEOUT_S)
+        return sock
+
+
+def attach(address: str, index: int, *, timeout: float = 60.0) -> RemoteConsumer[Any]:
+    """Consumer `index` of the fan-out served at `address` (`FanOut.serve`), from any
+    process of this host; waits up to `timeout` seconds for the owner to serve.
+
+    Raises:
+        TimeoutError: if nothing serves at `address` within `timeout`.
+        ValueError: if the index is out of range or already attached.
+    """
+    return RemoteConsumer(address, index, timeout=timeout)
+
+
+def _after_fork_in_child() -> None:
+    for server in list(_SERVERS):
+        server.forget()
+    for client in list(_CLIENTS):
+        client.forget()
+    _SERVERS.clear()
+    _CLIENTS.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
