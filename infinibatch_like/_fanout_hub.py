@@ -22,7 +22,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._background.lifecycle import POLL_S, check_interrupt
-from ._base import CheckpointableIterator, State, StateMismatchError, fast_iterator, source_state
+from ._base import (
+    CheckpointableIterator,
+    State,
+    StateMismatchError,
+    fast_iterator,
+    require_int,
+    source_state,
+)
 
 MODES = ("replicate", "split")
 
@@ -69,7 +76,10 @@ class Hub:
         self.last_taken = [time.monotonic()] * consumers
         self.last_thread: list[int | None] = [None] * consumers
         self.shut = False
+        self.claimed: dict[int, str] = {}
         self.pulled = 0
+        self.on_done: Callable[[], None] = self.close_all
+        """What closes the fan-out (its owner's close)."""
         """Items read from the upstream in all (replays after restores included)."""
         self._reset(None, 0)
 
@@ -192,6 +202,7 @@ class Hub:
                     snapshots.append((start + len(items), source_state(source)))
         except StopIteration:
             outcome = ("end", None)
+            snapshots.append((start + len(items), source_state(source)))
         except BaseException as error:  # the consumers reaching this item raise it
             outcome = ("failure", error)
         finally:
@@ -342,6 +353,27 @@ class Hub:
         while self.pulling:
             self.lock.wait(POLL_S)
 
+    # -- who reads which consumer ------------------------------------------------------
+
+    def claim(self, index: int, by: str) -> None:
+        """Reserve consumer `index` for `by` (this process, or a connection)."""
+        require_int(NAME, "index", index, 0)
+        if index >= self.consumers:
+            raise ValueError(
+                f"{NAME}: consumer index must be < consumers={self.consumers}, got {index}"
+            )
+        with self.lock:
+            if index in self.claimed:
+                raise ValueError(
+                    f"{NAME}: consumer {index} is already taken ({self.claimed[index]})"
+                )
+            self.claimed[index] = by
+
+    def release(self, index: int) -> None:
+        """Free consumer `index` for another `claim` (its process went away)."""
+        with self.lock:
+            self.claimed.pop(index, None)
+
     # -- closing -----------------------------------------------------------------------
 
     def close_consumer(self, consumer: int) -> None:
@@ -359,9 +391,9 @@ class Hub:
             self.lock.notify_all()
 
     def close_if_done(self) -> None:
-        """Close the fan-out once every consumer is closed."""
+        """Close the fan-out (`on_done`) once every consumer is closed."""
         if all(self.closed):
-            self.close_all()
+            self.on_done()
 
     def close_all(self) -> None:
         """Close every consumer and the upstream (idempotent)."""

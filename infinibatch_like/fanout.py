@@ -5,7 +5,6 @@ or processes of this host that `attach` by address), each item to every consumer
 from __future__ import annotations
 
 import pickle
-import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any, ClassVar, Generic, TypeVar
@@ -14,6 +13,7 @@ from ._base import (
     CheckpointableIterator,
     Stage,
     State,
+    StateMismatchError,
     _Halted,
     require_checkpointable,
     require_int,
@@ -42,6 +42,9 @@ class FanOutStage(Stage[T], Generic[T]):
 
     def _arguments(self) -> State:
         return {"mode": self._mode, "consumers": self._count}
+
+    def mismatch(self, reason: str) -> StateMismatchError:
+        return StateMismatchError(reason, (f"{NAME} ({type(self).__name__})",))
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         raise pickle.PicklingError(
@@ -185,10 +188,9 @@ class FanOut(Generic[T]):
             raise ValueError(f"{NAME}: timeout must be a number > 0 or None, got {timeout!r}")
         self._hub = Hub(source, consumers, mode, max_lag, snapshot_every, timeout)
         self._book = _Book(self._hub)
-        self._claimed: dict[int, str] = {}
-        self._claims = threading.Lock()
-        self._server: Any = None
-        self._finalizer = weakref.finalize(self, _stop, self._hub, [None])
+        self._server: list[Any] = [None]
+        self._finalizer = weakref.finalize(self, _stop, self._hub, self._server)
+        self._hub.on_done = self._finalizer
 
     @property
     def consumers(self) -> int:
@@ -200,29 +202,10 @@ class FanOut(Generic[T]):
         """Items read from the upstream so far (replays after restores included)."""
         return self._hub.pulled
 
-    def claim(self, index: int, by: str) -> None:
-        """Reserve consumer `index` for `by` (this process, or a connection)."""
-        require_int(NAME, "index", index, 0)
-        if index >= self._hub.consumers:
-            raise ValueError(
-                f"{NAME}: consumer index must be < consumers={self._hub.consumers}, got {index}"
-            )
-        with self._claims:
-            if index in self._claimed:
-                raise ValueError(
-                    f"{NAME}: consumer {index} is already taken ({self._claimed[index]})"
-                )
-            self._claimed[index] = by
-
-    def release(self, index: int) -> None:
-        """Free consumer `index` for another `claim` (its process went away)."""
-        with self._claims:
-            self._claimed.pop(index, None)
-
     def consumer(self, index: int) -> FanOutConsumer[T]:
         """The consumer `index` (0 <= index < consumers), to read in this process; each
         index once."""
-        self.claim(index, "a consumer in this process")
+        self._hub.claim(index, "a consumer in this process")
         return FanOutConsumer(self, index)
 
     def serve(self, address: str) -> str:
@@ -231,11 +214,11 @@ class FanOut(Generic[T]):
         must not exist). Returns `address`. Serving stops at `close`."""
         from .fanout_remote import Server
 
-        if self._server is not None:
-            raise RuntimeError(f"{NAME}: already serving at {self._server.address}")
-        self._server = Server(self, address)
-        self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _stop, self._hub, [self._server])
+        if self._server[0] is not None:
+            raise RuntimeError(f"{NAME}: already serving at {self._server[0].address}")
+        if self._hub.shut:
+            raise RuntimeError(f"{NAME}.serve: the fan-out is closed")
+        self._server[0] = Server(self._hub, address)
         return address
 
     def close_consumer(self, index: int) -> None:
@@ -253,6 +236,8 @@ class FanOut(Generic[T]):
     def close(self) -> None:
         """Stop serving, close every consumer and the upstream. Idempotent."""
         self._finalizer()
+        if self._server[0] is not None:  # e.g. stopped by its last consumer's close
+            self._server[0].join()
 
     def __enter__(self) -> FanOut[T]:
         return self

@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ._background import wire
 from ._background.errors import WorkerError, as_exception, report_error
@@ -32,11 +32,8 @@ from ._background.lifecycle import (
     parent_alive,
 )
 from ._base import State
-from ._fanout_hub import NAME
+from ._fanout_hub import NAME, Hub
 from .fanout import FanOutStage
-
-if TYPE_CHECKING:
-    from .fanout import FanOut
 
 T = TypeVar("T")
 
@@ -67,10 +64,10 @@ def _gone(sock: socket.socket) -> bool:
 
 
 class Server(Resource):
-    """Serves the consumers of `fan` to processes that attach at `address`."""
+    """Serves the consumers of `hub` to processes that attach at `address`."""
 
-    def __init__(self, fan: FanOut[Any], address: str) -> None:
-        self.fan, self.hub, self.address = fan, fan._hub, address
+    def __init__(self, hub: Hub, address: str) -> None:
+        self.hub, self.address = hub, address
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(address)
@@ -123,7 +120,7 @@ class Server(Resource):
                 return
             _, wanted, pid = pickle.loads(frame)
             try:
-                self.fan.claim(wanted, f"attached by process {pid}")
+                self.hub.claim(wanted, f"attached by process {pid}")
             except (TypeError, ValueError) as error:
                 _send(connection, ("error", report_error(error, self._where())))
                 return
@@ -141,7 +138,7 @@ class Server(Resource):
             pass
         finally:
             if index is not None:
-                self.fan.release(index)
+                self.hub.release(index)
                 if closed:
                     self.hub.close_if_done()
                 else:
@@ -188,13 +185,21 @@ class Server(Resource):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.address)
         with self._lock:
-            connections, threads = list(self._connections), [self._accepter, *self._threads]
+            connections = list(self._connections)
         for connection in connections:  # the consumers see the end of their socket
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
+        self.join()
+
+    def join(self) -> None:
+        """Wait until the threads serving the consumers are gone (not this one, if it is
+        one: the last consumer to close stops the server)."""
+        with self._lock:
+            threads = [self._accepter, *self._threads]
         deadline = time.monotonic() + THREAD_STOP_S
         for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def forget(self) -> None:
         """In a forked child: close the inherited sockets, leaving the parent's alone."""
@@ -243,6 +248,8 @@ class RemoteConsumer(FanOutStage[T], Generic[T]):
         try:
             _send(self._socket, request)
             frame = wire.read_until(self._reader, self._owner_alive, POLL_S, LAST_WORDS_S)
+        except OSError:  # the connection was reset: the owner is gone
+            frame = None
         except BaseException:  # an interrupted exchange leaves the connection unusable
             self._finalizer()
             raise
