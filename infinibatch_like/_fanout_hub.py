@@ -35,6 +35,10 @@ MODES = ("replicate", "split")
 
 NAME = "FanOut"
 
+PULL_AHEAD = 8
+"""How many items past its own a consumer reads from the upstream at once (within the
+lag window), so that the others find them ready rather than wait for a read each."""
+
 
 def mismatch(reason: str) -> StateMismatchError:
     return StateMismatchError(reason, (NAME,))
@@ -113,10 +117,17 @@ class Hub:
 
     # -- items -------------------------------------------------------------------------
 
-    def take(self, consumer: int, cancelled: Callable[[], bool] | None = None) -> Any:
-        """The next item of `consumer`, waiting while it is `max_lag` items ahead of the
-        slowest open consumer; StopIteration at the end; the upstream's error at its item.
-        `cancelled` is asked while waiting (a remote consumer that went away)."""
+    def take(self, consumer: int) -> Any:
+        """The next item of `consumer` (see `take_at`)."""
+        return self.take_at(consumer)[1]
+
+    def take_at(
+        self, consumer: int, cancelled: Callable[[], bool] | None = None
+    ) -> tuple[int, Any]:
+        """The upstream index and the next item of `consumer`, waiting while it is
+        `max_lag` items ahead of the slowest open consumer; StopIteration at the end; the
+        upstream's error at its item. `cancelled` is asked while waiting (a remote
+        consumer that went away)."""
         with self.lock:
             while True:
                 if self.shut:
@@ -131,11 +142,17 @@ class Hub:
                 blocker = self._blocker(consumer)
                 if blocker is None:
                     if index < self.head:
-                        return self._hand_over(consumer, index)
+                        return index, self._hand_over(consumer, index)
                     if not self.pulling:
-                        self._pull_until(index)
+                        self._pull_until(max(index, min(index + PULL_AHEAD, self._window_end())))
                         continue
                 self._wait(consumer, blocker, cancelled)
+
+    def _window_end(self) -> int:
+        """The last index that the buffer may hold now (`max_lag` items per consumer
+        after the slowest one)."""
+        width = self.max_lag * (self.consumers if self.mode == "split" else 1)
+        return self._needed() + width - 1
 
     def _hand_over(self, consumer: int, index: int) -> Any:
         item = self.buffer[index - self.base]

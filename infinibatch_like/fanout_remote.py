@@ -44,9 +44,10 @@ _SERVERS: weakref.WeakSet[Server] = weakref.WeakSet()
 _CLIENTS: weakref.WeakSet[RemoteConsumer[Any]] = weakref.WeakSet()
 
 
-def _send(sock: socket.socket, message: tuple[Any, ...]) -> None:
-    data = pickle.dumps(message, wire.PROTOCOL)
-    sock.sendall(len(data).to_bytes(8, "little") + data)
+def _send(sock: socket.socket, message: tuple[Any, ...] | bytes) -> None:
+    data = message if isinstance(message, bytes) else pickle.dumps(message, wire.PROTOCOL)
+    sock.sendall(len(data).to_bytes(8, "little"))
+    sock.sendall(data)
 
 
 def _gone(sock: socket.socket) -> bool:
@@ -86,6 +87,7 @@ class Server(Resource):
         self._connections: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self._replies: dict[int, bytes] = {}
         self._accepter = self._thread(self._accept, "accept")
         _SERVERS.add(self)
 
@@ -131,7 +133,7 @@ class Server(Resource):
                 request = pickle.loads(frame)
                 reply = self._answer(index, request, connection)
                 closed = request[0] == "close"
-                self._reply(connection, reply)
+                _send(connection, reply)
                 if closed:
                     return
         except OSError:  # the consumer went away mid-message
@@ -155,12 +157,12 @@ class Server(Resource):
 
     def _answer(
         self, index: int, request: tuple[Any, ...], connection: socket.socket
-    ) -> tuple[Any, ...]:
+    ) -> tuple[Any, ...] | bytes:
         hub = self.hub
         try:
             kind = request[0]
             if kind == "next":
-                return ("ok", hub.take(index, lambda: _gone(connection)))
+                return self._pickled(*hub.take_at(index, lambda: _gone(connection)))
             if kind == "getstate":
                 return ("ok", hub.state())
             if kind == "setstate":
@@ -173,11 +175,22 @@ class Server(Resource):
         except BaseException as error:  # re-raised in the consumer
             return ("error", report_error(error, self._where(), hub.source))
 
-    def _reply(self, connection: socket.socket, reply: tuple[Any, ...]) -> None:
-        try:
-            _send(connection, reply)
-        except (pickle.PicklingError, TypeError, AttributeError) as error:
-            _send(connection, ("error", report_error(error, f"sending an item {self._where()}")))
+    def _pickled(self, position: int, item: Any) -> tuple[Any, ...] | bytes:
+        """The reply for the item at upstream `position`, pickled once for every consumer
+        (kept while a consumer may still take it)."""
+        with self._lock:
+            data = self._replies.get(position)
+        if data is None:
+            try:
+                data = pickle.dumps(("ok", item), wire.PROTOCOL)
+            except Exception as error:
+                return ("error", report_error(error, f"pickling an item {self._where()}"))
+            with self._lock:
+                self._replies[position] = data
+                oldest = self.hub.base
+                for stale in [key for key in self._replies if key < oldest]:
+                    del self._replies[stale]
+        return data
 
     def _shutdown(self) -> None:
         self._stop.set()
