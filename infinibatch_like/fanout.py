@@ -105,10 +105,11 @@ class FanOutConsumer(FanOutStage[T], Generic[T]):
     def close(self) -> None:
         """Close this consumer: from now on it holds no other consumer back. Closing the
         last open consumer closes the fan-out and its upstream."""
-        if not self._closed:
+        closing = not self._closed
+        super().close()  # records the position, from which a restore continues
+        if closing:
             self._hub.close_consumer(self._index)
-        super().close()
-        self._hub.close_if_done()
+            self._hub.close_if_done()
 
 
 class FanOut(Generic[T]):

@@ -168,8 +168,9 @@ class Server(Resource):
             if kind == "setstate":
                 hub.restore_one(index, request[1])
                 return ("ok", None)
+            state = hub.state()  # the position, from which a restore continues
             hub.close_consumer(index)
-            return ("ok", hub.state())
+            return ("ok", state)
         except StopIteration:
             return ("end",)
         except BaseException as error:  # re-raised in the consumer

@@ -4,6 +4,7 @@ a Unix socket), replicate and split, bounded lag, one exact checkpoint for all."
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import multiprocessing
 import os
@@ -354,6 +355,7 @@ def test_split_over_two_processes_gives_the_union_exactly_once(
 ) -> None:
     transform = Counting()
     _start_singletons(method)
+    gc.collect()  # what earlier tests left to the collector goes now, not mid-test
     fds = open_fds()
     with FanOut(upstream(90, transform), 2, mode="split", max_lag=4) as fan:
         address = fan.serve(str(tmp_path / "fan.sock"))
@@ -429,6 +431,7 @@ def test_attach_without_an_owner_times_out_naming_the_address(tmp_path: Path) ->
 def test_attaching_a_taken_consumer_is_refused_and_the_owner_closes_cleanly(
     tmp_path: Path,
 ) -> None:
+    gc.collect()  # what earlier tests left to the collector goes now, not mid-test
     fds = open_fds()
     fan = FanOut(upstream(30), 2)
     address = fan.serve(str(tmp_path / "fan.sock"))
