@@ -199,6 +199,11 @@ class FanOut(Generic[T]):
         return self._hub.consumers
 
     @property
+    def closed(self) -> bool:
+        """Whether the fan-out is closed (by `close`, or by the close of its last consumer)."""
+        return self._hub.shut
+
+    @property
     def pulled(self) -> int:
         """Items read from the upstream so far (replays after restores included)."""
         return self._hub.pulled
