@@ -41,7 +41,7 @@ SEND_TIMEOUT_S = 60.0
 """How long sending one message may block on a peer that does not read (seconds)."""
 
 _SERVERS: weakref.WeakSet[Server] = weakref.WeakSet()
-_CLIENTS: weakref.WeakSet[RemoteConsumer[Any]] = weakref.WeakSet()
+_CONNECTIONS: weakref.WeakSet[_Connection] = weakref.WeakSet()
 
 
 def _send(sock: socket.socket, message: tuple[Any, ...] | bytes) -> None:
@@ -88,6 +88,7 @@ class Server(Resource):
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._replies: dict[int, bytes] = {}
+        self._serving = threading.local()
         self._accepter = self._thread(self._accept, "accept")
         _SERVERS.add(self)
 
@@ -113,6 +114,7 @@ class Server(Resource):
                 self._threads.append(self._thread(self._serve, "connection", connection))
 
     def _serve(self, connection: socket.socket) -> None:
+        self._serving.connection = connection
         index: int | None = None
         closed = False
         try:
@@ -200,9 +202,11 @@ class Server(Resource):
             os.unlink(self.address)
         with self._lock:
             connections = list(self._connections)
+        own = getattr(self._serving, "connection", None)  # closed last, by its thread
         for connection in connections:  # the consumers see the end of their socket
-            with contextlib.suppress(OSError):
-                connection.shutdown(socket.SHUT_RDWR)
+            if connection is not own:
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)
         self.join()
 
     def join(self) -> None:
@@ -222,11 +226,59 @@ class Server(Resource):
             connection.close()
 
 
+class _Connection:
+    """A consumer's connection to the owner: one request and its reply at a time."""
+
+    def __init__(self, address: str, index: int, timeout: float) -> None:
+        self.address, self.index = address, index
+        self.socket = _connect(address, timeout)
+        self.reader = wire.FrameReader(self.socket.fileno())
+        self.owner_pid = 0
+        self.close = weakref.finalize(self, self.socket.close)
+        _CONNECTIONS.add(self)
+
+    def _owner_alive(self) -> bool:
+        check_interrupt()
+        return self.owner_pid == 0 or parent_alive(self.owner_pid)
+
+    def call(self, request: tuple[Any, ...]) -> Any:
+        """Send `request`, return the owner's answer (raising its error)."""
+        try:
+            _send(self.socket, request)
+            frame = wire.read_until(self.reader, self._owner_alive, POLL_S, LAST_WORDS_S)
+        except OSError:  # the connection was reset: the owner is gone
+            frame = None
+        except BaseException:  # an interrupted exchange leaves the connection unusable
+            self.close()
+            raise
+        if frame is None:
+            self.close()
+            raise WorkerError(
+                f"{NAME}: the owner (pid {self.owner_pid or 'unknown'}) serving "
+                f"{self.address} closed or died while consumer {self.index} waited for "
+                "it; attach again to a new owner and setstate() from a checkpoint"
+            )
+        reply = pickle.loads(frame)
+        if reply[0] == "end":
+            raise StopIteration
+        if reply[0] == "error":
+            raise as_exception(reply[1])
+        return reply[1]
+
+    def hang_up(self) -> None:
+        """Close, once the owner has closed its end (its serving thread is done then)."""
+        deadline = time.monotonic() + LAST_WORDS_S
+        with contextlib.suppress(EOFError, OSError):
+            while time.monotonic() < deadline:
+                self.reader.read(POLL_S)
+        self.close()
+
+
 class _Remote:
     """The items of a remote consumer."""
 
-    def __init__(self, consumer: RemoteConsumer[Any]) -> None:
-        self._call = consumer._call
+    def __init__(self, connection: _Connection) -> None:
+        self._call = connection.call
 
     def __iter__(self) -> _Remote:
         return self
@@ -243,66 +295,33 @@ class RemoteConsumer(FanOutStage[T], Generic[T]):
     """
 
     def __init__(self, address: str, index: int, *, timeout: float = 60.0) -> None:
-        self._address, self._index = address, index
-        self._socket = _connect(address, timeout)
-        self._reader = wire.FrameReader(self._socket.fileno())
-        self._owner_pid = 0
+        self._index = index
+        self._connection = connection = _Connection(address, index, timeout)
         self._final: State | None = None
-        self._finalizer = weakref.finalize(self, self._socket.close)
-        _CLIENTS.add(self)
-        self._count, self._mode, self._owner_pid = self._call(("attach", index, os.getpid()))
-        self._iterator = _Remote(self)
-
-    def _owner_alive(self) -> bool:
-        check_interrupt()
-        return self._owner_pid == 0 or parent_alive(self._owner_pid)
-
-    def _call(self, request: tuple[Any, ...]) -> Any:
-        """Send `request`, return the owner's answer (raising its error)."""
-        try:
-            _send(self._socket, request)
-            frame = wire.read_until(self._reader, self._owner_alive, POLL_S, LAST_WORDS_S)
-        except OSError:  # the connection was reset: the owner is gone
-            frame = None
-        except BaseException:  # an interrupted exchange leaves the connection unusable
-            self._finalizer()
-            raise
-        if frame is None:
-            self._finalizer()
-            raise WorkerError(
-                f"{NAME}: the owner (pid {self._owner_pid or 'unknown'}) serving "
-                f"{self._address} closed or died while consumer {self._index} waited for "
-                "it; attach again to a new owner and setstate() from a checkpoint"
-            )
-        reply = pickle.loads(frame)
-        if reply[0] == "end":
-            raise StopIteration
-        if reply[0] == "error":
-            raise as_exception(reply[1])
-        return reply[1]
+        self._count, self._mode, connection.owner_pid = connection.call(
+            ("attach", index, os.getpid())
+        )
+        self._iterator = _Remote(connection)
 
     def _state(self) -> State:
         if self._final is not None:
             return self._final
-        fields: State = self._call(("getstate",))
+        fields: State = self._connection.call(("getstate",))
         return fields
 
     def _restore(self, state: State | None) -> None:
-        self._call(("setstate", state))
-        self._iterator = _Remote(self)
+        self._connection.call(("setstate", state))
+        self._iterator = _Remote(self._connection)
 
     def close(self) -> None:
         """Tell the owner this consumer is closed (it holds no one back any more), then
         close the connection. Idempotent."""
-        if not self._closed and self._finalizer.alive:
+        connection = self._connection
+        if not self._closed and connection.close.alive:
             with contextlib.suppress(Exception):  # an owner gone: getstate() will say so
-                self._final = self._call(("close",))
+                self._final = connection.call(("close",))
         super().close()
-        self._finalizer()
-
-    def forget(self) -> None:
-        """In a forked child: close the inherited connection."""
-        self._socket.close()
+        connection.hang_up()
 
 
 def _connect(address: str, timeout: float) -> socket.socket:
@@ -338,10 +357,10 @@ def attach(address: str, index: int, *, timeout: float = 60.0) -> RemoteConsumer
 def _after_fork_in_child() -> None:
     for server in list(_SERVERS):
         server.forget()
-    for client in list(_CLIENTS):
-        client.forget()
+    for connection in list(_CONNECTIONS):
+        connection.socket.close()  # in the child only: the parent's stays open
     _SERVERS.clear()
-    _CLIENTS.clear()
+    _CONNECTIONS.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -247,6 +247,37 @@ def test_each_consumer_passes_the_contract(factory: Callable[[], Any]) -> None:
     check_resume(factory, max_items=40)
 
 
+def serve_fresh_fan_outs(requests: Any) -> None:
+    """An owner process: for each path received, a fresh fan-out served there (consumer 1
+    closed, consumer 0 left to attach)."""
+    fans = []
+    while (path := requests.recv()) is not None:
+        fan = FanOut(upstream(45), 2, max_lag=3, snapshot_every=4)
+        fan.consumer(1).close()
+        fans.append(fan)
+        requests.send(fan.serve(path))
+
+
+def test_a_remote_consumer_passes_the_contract(tmp_path: Path) -> None:
+    requests, owner_end = multiprocessing.Pipe()
+    owner = multiprocessing.get_context("fork").Process(
+        target=serve_fresh_fan_outs, args=(owner_end,)
+    )
+    owner.start()
+    sockets = iter(range(10**6))
+
+    def factory() -> Any:
+        requests.send(str(tmp_path / f"{next(sockets)}.sock"))
+        return attach(requests.recv(), 0, timeout=5)
+
+    try:
+        assert_checkpointable(factory, max_items=30, check_pickle=False, restore_points=[0, 7])
+        check_resume(factory, max_items=30, restore_points=[0, 11, 30])
+    finally:
+        requests.send(None)
+        owner.join(10)
+
+
 # -- hypothesis: the split assignment and the lag bound under any interleaving ---------------
 
 
