@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         rows,
     )
     write_result(
-        f"fanout-{args.format}",
+        f"fanout-{args.format}" + ("-quick" if args.quick else ""),
         {
             "arguments": vars(args),
             "lines": lines,
