@@ -78,7 +78,7 @@ class Hub:
         self.disconnected_since: list[float | None] = [None] * consumers
         """For consumers in other processes: when their connection was lost (None: live)."""
         self.last_taken = [time.monotonic()] * consumers
-        self.last_thread: list[int | None] = [None] * consumers
+        self.last_thread: list[threading.Thread | None] = [None] * consumers
         self.shut = False
         self.claimed: dict[int, str] = {}
         self.pulled = 0
@@ -158,7 +158,7 @@ class Hub:
         item = self.buffer[index - self.base]
         self.taken[consumer] += 1
         self.last_taken[consumer] = time.monotonic()
-        self.last_thread[consumer] = threading.get_ident()
+        self.last_thread[consumer] = threading.current_thread()
         self._trim()
         self.lock.notify_all()
         return item
@@ -180,7 +180,7 @@ class Hub:
             f"consumer {blocker}"
         )
         gone = self.disconnected_since[blocker]
-        if local and self.last_thread[blocker] == threading.get_ident():
+        if local and self.last_thread[blocker] is threading.current_thread():
             raise RuntimeError(
                 f"{ahead}, which was last read by this same thread: waiting for it would "
                 "never end. Read the consumers from separate threads, or close() the "
