@@ -79,6 +79,9 @@ class Hub:
         """For consumers in other processes: when their connection was lost (None: live)."""
         self.last_taken = [time.monotonic()] * consumers
         self.last_thread: list[threading.Thread | None] = [None] * consumers
+        self.lent = [0] * consumers
+        """Items a remote consumer may hold unused (its last reply's): snapshots are kept
+        for its position before them."""
         self.shut = False
         self.claimed: dict[int, str] = {}
         self.pulled = 0
@@ -119,15 +122,15 @@ class Hub:
 
     def take(self, consumer: int) -> Any:
         """The next item of `consumer` (see `take_at`)."""
-        return self.take_at(consumer)[1]
+        return self.take_at(consumer)[1]  # type: ignore[index]
 
     def take_at(
-        self, consumer: int, cancelled: Callable[[], bool] | None = None
-    ) -> tuple[int, Any]:
+        self, consumer: int, cancelled: Callable[[], bool] | None = None, wait: bool = True
+    ) -> tuple[int, Any] | None:
         """The upstream index and the next item of `consumer`, waiting while it is
-        `max_lag` items ahead of the slowest open consumer; StopIteration at the end; the
-        upstream's error at its item. `cancelled` is asked while waiting (a remote
-        consumer that went away)."""
+        `max_lag` items ahead of the slowest open consumer (None then if not `wait`);
+        StopIteration at the end; the upstream's error at its item. `cancelled` is asked
+        while waiting (a remote consumer that went away)."""
         with self.lock:
             while True:
                 if self.shut:
@@ -146,6 +149,8 @@ class Hub:
                     if not self.pulling:
                         self._pull_until(max(index, min(index + PULL_AHEAD, self._window_end())))
                         continue
+                if not wait:
+                    return None
                 self._wait(consumer, blocker, cancelled)
 
     def _window_end(self) -> int:
@@ -243,22 +248,36 @@ class Hub:
         while self.base < needed and buffer:
             buffer.popleft()
             self.base += 1
+        if any(self.lent):  # a remote consumer may not have used what it was sent
+            needed = min(
+                (self.next_index(i, self.taken[i] - self.lent[i]) for i in self._holding()),
+                default=needed,
+            )
         snapshots = self.snapshots
         while len(snapshots) > 1 and snapshots[1][0] <= needed:
             snapshots.popleft()
 
     # -- states ------------------------------------------------------------------------
 
-    def state(self) -> State:
-        """The fields of the fan-out's state (see `FanOut`)."""
+    def state(self, consumer: int = 0, held: int = 0) -> State:
+        """The fields of the fan-out's state (see `FanOut`), `consumer` counted without
+        the `held` items it was sent and has not used."""
         with self.lock:
             index, snapshot = self.snapshots[0]
+            taken = list(self.taken)
+            taken[consumer] -= held
             return {
                 "source": snapshot,
                 "source_index": index,
-                "taken": list(self.taken),
+                "taken": taken,
                 "closed": list(self.closed),
             }
+
+    def lend(self, consumer: int, count: int) -> None:
+        """`consumer` was sent `count` items at once (it may hold them unused)."""
+        with self.lock:
+            self.lent[consumer] = count
+            self._trim()
 
     def _reset(self, state: State | None, index: int) -> None:
         """Set the upstream to `state` (None: its start), at upstream item `index`."""
@@ -305,12 +324,15 @@ class Hub:
                     "derived again from it"
                 )
         slowest = min((self.next_index(i, taken[i]) for i in open_), default=index)
-        bound = self.snapshot_every + self.consumers
+        # A state holds at most snapshot_every + consumers; a consumer restored alone may
+        # be up to its lag ahead of the slowest consumer of its state.
+        bound = self.snapshot_every + (self.max_lag + 1) * self.consumers
         if slowest - index > bound:
             raise mismatch(
                 f"the slowest consumer is {slowest - index} items after the upstream "
-                f"snapshot, more than snapshot_every + consumers = {bound}; if the state came "
-                "from a fan-out built with a larger snapshot_every, build this one with it too"
+                f"snapshot, more than snapshot_every + (max_lag + 1) * consumers = {bound}; "
+                "if the state came from a fan-out built with a larger snapshot_every or "
+                "max_lag, build this one with them too"
             )
 
     def restore_all(self, state: State | None) -> None:
@@ -327,6 +349,7 @@ class Hub:
                 self._check_replay(index, taken, closed)
                 self._reset(state["source"], index)
                 self.taken, self.closed = taken, closed
+            self.lent = [0] * self.consumers
             self.last_taken = [time.monotonic()] * self.consumers
             self.last_thread = [None] * self.consumers
             self.lock.notify_all()
@@ -354,6 +377,7 @@ class Hub:
                 self._check_replay(index, positions, closed)
                 self._reset(snapshot, index)
             self.taken, self.closed = positions, closed
+            self.lent[consumer] = 0
             self.last_taken[consumer] = time.monotonic()
             self._trim()
             self.lock.notify_all()

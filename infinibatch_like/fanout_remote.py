@@ -19,7 +19,8 @@ import socket
 import threading
 import time
 import weakref
-from typing import Any, Generic, TypeVar
+from collections import deque
+from typing import Any, Generic, NoReturn, TypeVar
 
 from ._background import wire
 from ._background.errors import WorkerError, as_exception, report_error
@@ -31,7 +32,7 @@ from ._background.lifecycle import (
     check_interrupt,
     parent_alive,
 )
-from ._base import State
+from ._base import State, require_int
 from ._fanout_hub import NAME, Hub
 from .fanout import FanOutStage
 
@@ -135,7 +136,12 @@ class Server(Resource):
                 request = pickle.loads(frame)
                 reply = self._answer(index, request, connection)
                 closed = request[0] == "close"
-                _send(connection, reply)
+                if isinstance(reply, list):  # items: their count, then each
+                    _send(connection, ("items", len(reply)))
+                    for item in reply:
+                        _send(connection, item)
+                else:
+                    _send(connection, reply)
                 if closed:
                     return
         except OSError:  # the consumer went away mid-message
@@ -159,24 +165,47 @@ class Server(Resource):
 
     def _answer(
         self, index: int, request: tuple[Any, ...], connection: socket.socket
-    ) -> tuple[Any, ...] | bytes:
+    ) -> tuple[Any, ...] | list[Any]:
         hub = self.hub
         try:
             kind = request[0]
             if kind == "next":
-                return self._pickled(*hub.take_at(index, lambda: _gone(connection)))
+                return self._items(index, request[1], connection)
             if kind == "getstate":
-                return ("ok", hub.state())
+                return ("ok", hub.state(index, request[1]))
             if kind == "setstate":
                 hub.restore_one(index, request[1])
                 return ("ok", None)
-            state = hub.state()  # the position, from which a restore continues
+            state = hub.state(index, request[1])  # the position a restore continues from
             hub.close_consumer(index)
             return ("ok", state)
         except StopIteration:
             return ("end",)
         except BaseException as error:  # re-raised in the consumer
             return ("error", report_error(error, self._where(), hub.source))
+
+    def _items(self, index: int, most: int, connection: socket.socket) -> list[Any]:
+        """Consumer `index`'s next item, waiting for it, and up to `most` - 1 more that
+        need no wait: each the reply of one item (what `_Connection.fetch` reads)."""
+        hub = self.hub
+        replies: list[Any] = []
+        hub.lend(index, most)  # until it is known how many it holds
+        try:
+            first = hub.take_at(index, lambda: _gone(connection))
+            assert first is not None
+            replies.append(self._pickled(*first))
+            while len(replies) < most and isinstance(replies[-1], bytes):
+                following = hub.take_at(index, wait=False)
+                if following is None:
+                    break
+                replies.append(self._pickled(*following))
+        except StopIteration:
+            replies.append(("end",))
+        except BaseException as error:  # re-raised in the consumer at its item
+            replies.append(("error", report_error(error, self._where(), hub.source)))
+        finally:
+            hub.lend(index, len(replies))
+        return replies
 
     def _pickled(self, position: int, item: Any) -> tuple[Any, ...] | bytes:
         """The reply for the item at upstream `position`, pickled once for every consumer
@@ -245,6 +274,17 @@ class _Connection:
         """Send `request`, return the owner's answer (raising its error)."""
         try:
             _send(self.socket, request)
+        except OSError:  # the connection was reset: the owner is gone
+            self._lost()
+        return self.opened(self._receive())
+
+    def fetch(self, most: int) -> list[bytearray]:
+        """The replies of this consumer's next item and of up to `most` - 1 more."""
+        count: int = self.call(("next", most))
+        return [self._receive() for _ in range(count)]
+
+    def _receive(self) -> bytearray:
+        try:
             frame = wire.read_until(self.reader, self._owner_alive, POLL_S, LAST_WORDS_S)
         except OSError:  # the connection was reset: the owner is gone
             frame = None
@@ -252,12 +292,20 @@ class _Connection:
             self.close()
             raise
         if frame is None:
-            self.close()
-            raise WorkerError(
-                f"{NAME}: the owner (pid {self.owner_pid or 'unknown'}) serving "
-                f"{self.address} closed or died while consumer {self.index} waited for "
-                "it; attach again to a new owner and setstate() from a checkpoint"
-            )
+            self._lost()
+        return frame
+
+    def _lost(self) -> NoReturn:
+        self.close()
+        raise WorkerError(
+            f"{NAME}: the owner (pid {self.owner_pid or 'unknown'}) serving "
+            f"{self.address} closed or died while consumer {self.index} waited for "
+            "it; attach again to a new owner and setstate() from a checkpoint"
+        )
+
+    @staticmethod
+    def opened(frame: bytes | bytearray) -> Any:
+        """The value of a reply, or its error raised (StopIteration at the end)."""
         reply = pickle.loads(frame)
         if reply[0] == "end":
             raise StopIteration
@@ -275,16 +323,23 @@ class _Connection:
 
 
 class _Remote:
-    """The items of a remote consumer."""
+    """The items of a remote consumer, fetched `prefetch` at a time at most."""
 
-    def __init__(self, connection: _Connection) -> None:
-        self._call = connection.call
+    def __init__(self, connection: _Connection, prefetch: int) -> None:
+        self._fetch, self._opened, self._prefetch = connection.fetch, connection.opened, prefetch
+        self._replies: deque[bytearray] = deque()
 
     def __iter__(self) -> _Remote:
         return self
 
     def __next__(self) -> Any:
-        return self._call(("next",))
+        if not self._replies:
+            self._replies.extend(self._fetch(self._prefetch))
+        return self._opened(self._replies.popleft())
+
+    def held(self) -> int:
+        """Items received and not used yet."""
+        return len(self._replies)
 
 
 class RemoteConsumer(FanOutStage[T], Generic[T]):
@@ -294,24 +349,31 @@ class RemoteConsumer(FanOutStage[T], Generic[T]):
         The whole fan-out's state, as for `FanOutConsumer` (asked of the owner).
     """
 
-    def __init__(self, address: str, index: int, *, timeout: float = 60.0) -> None:
-        self._index = index
+    def __init__(
+        self, address: str, index: int, *, timeout: float = 60.0, prefetch: int = 1
+    ) -> None:
+        require_int(NAME, "prefetch", prefetch, 1)
+        self._index, self._prefetch = index, prefetch
         self._connection = connection = _Connection(address, index, timeout)
         self._final: State | None = None
         self._count, self._mode, connection.owner_pid = connection.call(
             ("attach", index, os.getpid())
         )
-        self._iterator = _Remote(connection)
+        self._iterator = _Remote(connection, prefetch)
+
+    def _held(self) -> int:
+        iterator = self._iterator
+        return iterator.held() if isinstance(iterator, _Remote) else 0
 
     def _state(self) -> State:
         if self._final is not None:
             return self._final
-        fields: State = self._connection.call(("getstate",))
+        fields: State = self._connection.call(("getstate", self._held()))
         return fields
 
     def _restore(self, state: State | None) -> None:
         self._connection.call(("setstate", state))
-        self._iterator = _Remote(self._connection)
+        self._iterator = _Remote(self._connection, self._prefetch)
 
     def close(self) -> None:
         """Tell the owner this consumer is closed (it holds no one back any more), then
@@ -319,7 +381,7 @@ class RemoteConsumer(FanOutStage[T], Generic[T]):
         connection = self._connection
         if not self._closed and connection.close.alive:
             with contextlib.suppress(Exception):  # an owner gone: getstate() will say so
-                self._final = connection.call(("close",))
+                self._final = connection.call(("close", self._held()))
         super().close()
         connection.hang_up()
 
@@ -343,15 +405,22 @@ def _connect(address: str, timeout: float) -> socket.socket:
         return sock
 
 
-def attach(address: str, index: int, *, timeout: float = 60.0) -> RemoteConsumer[Any]:
+def attach(
+    address: str, index: int, *, timeout: float = 60.0, prefetch: int = 1
+) -> RemoteConsumer[Any]:
     """Consumer `index` of the fan-out served at `address` (`FanOut.serve`), from any
     process of this host; waits up to `timeout` seconds for the owner to serve.
+
+    With `prefetch` > 1, each request to the owner brings up to that many items that are
+    ready (fewer round trips). The consumer's own ``getstate()`` stays exact; in states
+    taken by the owner or by other consumers, its position counts the items it received,
+    up to ``prefetch - 1`` more than it used.
 
     Raises:
         TimeoutError: if nothing serves at `address` within `timeout`.
         ValueError: if the index is out of range or already attached.
     """
-    return RemoteConsumer(address, index, timeout=timeout)
+    return RemoteConsumer(address, index, timeout=timeout, prefetch=prefetch)
 
 
 def _after_fork_in_child() -> None:

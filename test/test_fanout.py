@@ -220,8 +220,8 @@ def test_states_of_another_mode_or_count_are_refused_naming_the_argument() -> No
 def test_a_state_replaying_more_than_any_state_holds_is_refused() -> None:
     fan = FanOut(upstream(), 2, snapshot_every=5)
     state = fan.getstate()
-    state["taken"] = [40, 40]
-    with pytest.raises(StateMismatchError, match="more than snapshot_every"):
+    state["taken"] = [40, 40]  # 5 + (16 + 1) * 2 = 39 at most
+    with pytest.raises(StateMismatchError, match=r"more than snapshot_every \+ \(max_lag"):
         FanOut(upstream(), 2, snapshot_every=5).setstate(state)
     state["taken"] = [1, 2, 3]
     with pytest.raises(StateMismatchError, match="3 positions"):
@@ -451,6 +451,28 @@ def serve_for_a_while(address: str) -> None:
     fan.serve(address)
     fan.consumer(1)  # never read: consumer 0 waits
     time.sleep(60)
+
+
+def test_a_prefetching_remote_consumer_yields_the_stream_and_checkpoints_exactly(
+    tmp_path: Path,
+) -> None:
+    with FanOut(upstream(100), 2, max_lag=20, snapshot_every=6) as fan:
+        address = fan.serve(str(tmp_path / "fan.sock"))
+        local = fan.consumer(0)
+        remote = attach(address, 1, timeout=5, prefetch=8)
+        got = [next(remote) for _ in range(11)]  # items 11.. are held, unused
+        state = remote.getstate()
+        assert state["taken"][1] == 11
+        rest = [next(remote) for _ in range(9)]
+        assert [next(local) for _ in range(20)] == got + rest
+        remote.setstate(state)  # back to item 11, as a restarted process would be
+        assert [next(remote) for _ in range(9)] == rest
+        remote.close()
+    assert got + rest == [x * 10 for x in range(20)]
+    again = FanOut(upstream(100), 2, max_lag=20, snapshot_every=6)
+    again.setstate(state)
+    resumed = again.consumer(1)
+    assert [next(resumed) for _ in range(9)] == rest
 
 
 def test_attach_without_an_owner_times_out_naming_the_address(tmp_path: Path) -> None:
