@@ -11,7 +11,8 @@ batches per consumer; the CPU time counted is this process's, plus its children'
 - ``K independent pipelines``: what K consumers cost without a fan-out (about K x);
 - ``FanOut replicate, K threads``: one pipeline, K consumers reading it from threads;
 - ``FanOut replicate, K processes``: one pipeline in this process, K consumer processes
-  attached by a Unix socket (every batch pickled to each);
+  attached by a Unix socket (every batch pickled once, unpickled by each; up to 8
+  batches a round trip);
 - ``FanOut split, 2 processes``: 2 consumer processes share the first 2N batches.
 
 Checks: every replicate consumer's batches are the single pipeline's first N batches
@@ -42,6 +43,8 @@ from corpus import build_corpus
 from infinibatch_like import FanOut, attach
 
 TARGET = 1.25
+PREFETCH = 8
+"""Items a consumer process receives per round trip to the owner, at most."""
 
 
 def as_array(batch: list[list[str]]) -> Any:
@@ -119,7 +122,7 @@ def fan_out_threads(lib: _util.Library, chunks: list[str], batches: int, consume
 
 
 def consumer_process(address: str, index: int, batches: int, results: Any) -> None:
-    consumer = attach(address, index, timeout=60)
+    consumer = attach(address, index, timeout=60, prefetch=PREFETCH)
     cpu = time.process_time()
     got = take(consumer, batches)
     cpu = time.process_time() - cpu
