@@ -162,7 +162,9 @@ class FanOut(Generic[T]):
         at most `snapshot_every` + `consumers` items before the slowest consumer. A
         consumer restored behind the others rewinds the upstream to the state's snapshot
         if its items are gone; the others then wait until it is back within `max_lag`.
-        Positions of consumers in other processes are those they had reached when the
+        A state whose replay is longer than ``snapshot_every + (max_lag + 1) *
+        consumers`` is refused (e.g. damaged, or from a fan-out built with larger
+        values). Positions of consumers in other processes are those they had reached when the
         state was taken: for a state that every consumer resumes from exactly, take it
         where they are in step (or have each save its own).
     """
