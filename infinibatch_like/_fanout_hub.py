@@ -85,9 +85,9 @@ class Hub:
         self.shut = False
         self.claimed: dict[int, str] = {}
         self.pulled = 0
+        """Items read from the upstream in all (replays after restores included)."""
         self.on_done: Callable[[], None] = self.close_all
         """What closes the fan-out (its owner's close)."""
-        """Items read from the upstream in all (replays after restores included)."""
         self._reset(None, 0)
 
     # -- positions ---------------------------------------------------------------------
