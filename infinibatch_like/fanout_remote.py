@@ -45,10 +45,23 @@ _SERVERS: weakref.WeakSet[Server] = weakref.WeakSet()
 _CONNECTIONS: weakref.WeakSet[_Connection] = weakref.WeakSet()
 
 
-def _send(sock: socket.socket, message: tuple[Any, ...] | bytes) -> None:
-    data = message if isinstance(message, bytes) else pickle.dumps(message, wire.PROTOCOL)
-    sock.sendall(len(data).to_bytes(8, "little"))
-    sock.sendall(data)
+def _send(sock: socket.socket, *messages: tuple[Any, ...] | bytes) -> None:
+    """Send `messages` (tuples, or tuples already pickled) as frames, in as few system
+    calls as the socket takes, without copying them into one buffer."""
+    parts: list[memoryview] = []
+    for message in messages:
+        data = message if isinstance(message, bytes) else pickle.dumps(message, wire.PROTOCOL)
+        parts += [memoryview(len(data).to_bytes(8, "little")), memoryview(data)]
+    while parts:
+        sent = sock.sendmsg(parts[:_MOST_PARTS])
+        while parts and sent >= len(parts[0]):
+            sent -= len(parts.pop(0))
+        if sent:
+            parts[0] = parts[0][sent:]
+
+
+_MOST_PARTS = 64
+"""Buffers per ``sendmsg`` call (well under the system's limit, IOV_MAX)."""
 
 
 def _gone(sock: socket.socket) -> bool:
@@ -137,9 +150,7 @@ class Server(Resource):
                 reply = self._answer(index, request, connection)
                 closed = request[0] == "close"
                 if isinstance(reply, list):  # items: their count, then each
-                    _send(connection, ("items", len(reply)))
-                    for item in reply:
-                        _send(connection, item)
+                    _send(connection, ("items", len(reply)), *reply)
                 else:
                     _send(connection, reply)
                 if closed:
