@@ -427,6 +427,27 @@ def test_a_consumer_process_killed_and_restarted_continues_exactly(
     assert _items(victim) == reference
 
 
+def test_an_owner_restored_from_one_state_serves_each_process_its_continuation(
+    tmp_path: Path,
+) -> None:
+    fan = FanOut(upstream(60), 2, mode="split", max_lag=4, snapshot_every=5)
+    even, odd = fan.consumer(0), fan.consumer(1)
+    for _ in range(7):
+        next(even), next(odd)
+    next(even)
+    state = fan.getstate()
+    rest = read_all([even, odd])
+    with FanOut(upstream(60), 2, mode="split", max_lag=4, snapshot_every=5) as restored:
+        restored.setstate(json.loads(json.dumps(state)))
+        address = restored.serve(str(tmp_path / "fan.sock"))
+        outs = [tmp_path / f"out{i}" for i in range(2)]
+        processes = [_start("spawn", address, i, str(outs[i]), 1000, -1) for i in range(2)]
+        for process in processes:
+            process.join(60)
+            assert process.exitcode == 0
+    assert [_items(out) for out in outs] == rest
+
+
 def test_a_consumer_sees_its_owner_die_within_a_second(tmp_path: Path) -> None:
     address = str(tmp_path / "fan.sock")
     context = multiprocessing.get_context("spawn")
