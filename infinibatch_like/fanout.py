@@ -220,7 +220,7 @@ class FanOut(Generic[T]):
         """Serve the consumers not taken in this process to processes of this host that
         ``attach(address, index)``; `address` is the path of a Unix socket to create (it
         must not exist). Returns `address`. Serving stops at `close`."""
-        from .fanout_remote import Server
+        from ._fanout_server import Server
 
         if self._server[0] is not None:
             raise RuntimeError(f"{NAME}: already serving at {self._server[0].address}")
