@@ -161,11 +161,14 @@ class Hub:
 
     def _hand_over(self, consumer: int, index: int) -> Any:
         item = self.buffer[index - self.base]
-        self.taken[consumer] += 1
+        taken = self.taken
+        slowest = taken[consumer] == min(taken[i] for i in self._holding())
+        taken[consumer] += 1
         self.last_taken[consumer] = time.monotonic()
         self.last_thread[consumer] = threading.current_thread()
         self._trim()
-        self.lock.notify_all()
+        if slowest:  # the others may wait for it: they may be free to go now
+            self.lock.notify_all()
         return item
 
     def _wait(
