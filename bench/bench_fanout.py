@@ -23,6 +23,7 @@ batch k to consumer k % 2. Target: K=4 replicate costs <= 1.25x the CPU of one p
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import multiprocessing
 import os
@@ -84,6 +85,7 @@ def measure(action: Callable[[], Run]) -> tuple[float, float, list[list[bytes]]]
     """(CPU s, wall s, each consumer's digests) of `action`: the CPU of this process and
     of the consumer processes' loops (their start-up and digests are not counted, as the
     consumers' own digests in this process are computed after the clock stops)."""
+    gc.collect()  # what an earlier scenario left is not this one's cost
     cpu, wall = time.process_time(), time.perf_counter()
     batches, children = action()
     spent, elapsed = time.process_time() - cpu + children, time.perf_counter() - wall
@@ -122,6 +124,7 @@ def fan_out_threads(lib: _util.Library, chunks: list[str], batches: int, consume
 
 
 def consumer_process(address: str, index: int, batches: int, results: Any) -> None:
+    gc.freeze()  # as the library's own workers do: collections skip what fork inherited
     consumer = attach(address, index, timeout=60, prefetch=PREFETCH)
     cpu = time.process_time()
     got = take(consumer, batches)
@@ -200,8 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     cpu: dict[str, list[float]] = {name: [] for name in scenarios}
     wall: dict[str, list[float]] = {name: [] for name in scenarios}
     digests: dict[str, list[list[bytes]]] = {}
-    for _ in range(args.reps):
-        for name, action in scenarios.items():
+    for rep in range(args.reps):  # each repeat in another order: no scenario always first
+        names = list(scenarios)
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            action = scenarios[name]
             spent, elapsed, got = measure(action)
             cpu[name].append(spent)
             wall[name].append(elapsed)
