@@ -456,3 +456,126 @@ def _record(outcome: Outcome, result: RunResult) -> None:
     if result.killed and not interrupted and outcome.kind != "worker SIGKILL":
         # a worker may die after producing all that the run needs; the loop may not
         outcome.failures.append(f"the loop finished despite {outcome.kind}")
+
+
+# -- fan-out consumers: one of them SIGKILLed and restarted ---------------------------------
+
+FANOUT_LOOP = BENCH_DIR / "fault_fanout_loop.py"
+FANOUT_KIND = "fan-out consumer SIGKILL"
+
+
+@dataclass
+class FanOutCampaign:
+    """An owner serving the loop's pipeline (`fault_fanout_loop.py`) to `consumers`
+    consumer processes, each training on `batches` batches; consumer `victim` is killed."""
+
+    workdir: Path
+    corpus: Path
+    config: Config
+    consumers: int = 2
+    victim: int = 1
+    batches: int = 60
+    every: int = 7
+    deadline_s: float = 90.0
+
+    def owner_command(self) -> list[str]:
+        return [
+            *(sys.executable, str(FANOUT_LOOP), "owner", str(self.workdir), str(self.corpus)),
+            f"--consumers={self.consumers}",
+            f"--start-method={self.config.start_method}",
+            f"--prefetch-mode={self.config.prefetch_mode}",
+            f"--nesting={self.config.nesting}",
+        ]
+
+    def consumer_command(self, index: int) -> list[str]:
+        return [
+            *(sys.executable, str(FANOUT_LOOP), "consumer", str(self.workdir), str(index)),
+            f"--batches={self.batches}",
+            f"--every={self.every}",
+        ]
+
+    def consumed(self, index: int) -> list[str]:
+        return (self.workdir / f"consumer-{index}" / "consumed.log").read_text().splitlines()
+
+    def lines(self, index: int) -> int:
+        try:
+            return len(self.consumed(index))
+        except FileNotFoundError:
+            return 0
+
+    def checkpointed_step(self, index: int) -> int:
+        files = (self.workdir / f"consumer-{index}").glob("ckpt-*.json")
+        return max((int(p.stem.split("-")[1]) for p in files), default=0)
+
+
+def run_fanout_campaign(
+    campaign: FanOutCampaign, kills: int, reference: Sequence[str], rng: random.Random
+) -> Outcome:
+    """Start the owner and the consumers, SIGKILL the victim consumer `kills` times at a
+    step after its last checkpoint, restarting it each time; then compare every
+    consumer's consumed log with `reference` (the uninterrupted loop's batches) and look
+    for processes and /dev/shm entries left behind."""
+    campaign.workdir.mkdir(parents=True, exist_ok=True)
+    outcome = Outcome(campaign.config, FANOUT_KIND)
+    token = uuid.uuid4().hex
+    env = {**os.environ, MARKER: token, "PYTHONPATH": str(REPO_ROOT)}
+    logs = open(campaign.workdir / "stderr.txt", "wb")  # noqa: SIM115 - closed below
+
+    def start(command: list[str]) -> subprocess.Popen[bytes]:
+        outcome.runs += 1
+        return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=logs)
+
+    shm_used: set[str] = set()
+    started = time.monotonic()
+    owner = start(campaign.owner_command())
+    consumers = [start(campaign.consumer_command(i)) for i in range(campaign.consumers)]
+    try:
+        for _ in range(kills):
+            victim = consumers[campaign.victim]
+            at_step = min(
+                campaign.batches - 5,
+                campaign.checkpointed_step(campaign.victim) + rng.randint(1, 2 * campaign.every),
+            )
+            while campaign.lines(campaign.victim) < at_step and victim.poll() is None:
+                shm_used |= _shm_mapped(_marked_processes(token))
+                if time.monotonic() - started > campaign.deadline_s:
+                    break
+                time.sleep(0.01)
+            if victim.poll() is not None:
+                outcome.failures.append(f"consumer {campaign.victim} ended before its kill")
+                break
+            victim.kill()
+            victim.wait()
+            outcome.kills += 1
+            consumers[campaign.victim] = start(campaign.consumer_command(campaign.victim))
+        for process in [*consumers, owner]:
+            left = campaign.deadline_s - (time.monotonic() - started)
+            try:
+                process.wait(max(0.1, left))
+            except subprocess.TimeoutExpired:
+                outcome.stalls += 1
+                process.kill()
+                process.wait()
+            if process.returncode not in (0, None) and process is not owner:
+                outcome.failures.append(f"a consumer exited with {process.returncode}")
+        if owner.returncode != 0:
+            outcome.failures.append(f"the owner exited with {owner.returncode}")
+    finally:
+        for process in [*consumers, owner]:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        logs.close()
+    outcome.leaks += _leftover_processes(token) + _shm_left(shm_used)
+    stderr = (campaign.workdir / "stderr.txt").read_text()
+    if "leaked" in stderr:
+        outcome.leaks.append(f"the resource tracker reports leaks: {stderr[-1000:]}")
+    if outcome.failures:
+        outcome.failures.append(stderr[-3000:])
+    for index in range(campaign.consumers):
+        got = campaign.consumed(index)
+        lost, duplicated, same_order = compare(reference[: campaign.batches], got)
+        outcome.lost += lost
+        outcome.duplicated += duplicated
+        outcome.same_order &= same_order
+    return outcome

@@ -11,6 +11,7 @@ leaks) and writes it, with every leak and failure, to ``bench/results/fault_inje
 
     python bench/fault_injection.py              # 60 campaigns x 2 kills: ~10 minutes
     python bench/fault_injection.py --kills 1 --start-methods fork   # a quick look
+    python bench/fault_injection.py --fanout     # also kill consumer processes of a FanOut
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ def main() -> int:
     parser.add_argument("--start-methods", nargs="+", default=["fork", "forkserver", "spawn"])
     parser.add_argument("--kinds", nargs="+", default=list(harness.KINDS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--fanout",
+        action="store_true",
+        help="also SIGKILL a consumer process of a FanOut --kills times per start method",
+    )
     args = parser.parse_args()
     rng = random.Random(args.seed)
     rows = []
@@ -54,6 +60,8 @@ def main() -> int:
             outcome = harness.run_campaign(campaign, kind, args.kills, reference, rng)
             rows.append(outcome)
             print(_row(outcome), flush=True)
+        if args.fanout:
+            rows += fanout_campaigns(root, corpus, reference, args, rng)
     elapsed = time.monotonic() - started
     print()
     print(table(rows))
@@ -74,6 +82,23 @@ def main() -> int:
         )
     )
     return 0 if all(o.clean for o in rows) else 1
+
+
+def fanout_campaigns(
+    root: Path, corpus: Path, reference: list[str], args: argparse.Namespace, rng: random.Random
+) -> list[harness.Outcome]:
+    """One campaign per start method and layout: a consumer process of a FanOut serving
+    the loop's pipeline is SIGKILLed `--kills` times and restarted from its checkpoint."""
+    rows = []
+    for number, (method, (mode, nesting)) in enumerate(
+        itertools.product(args.start_methods, LAYOUTS)
+    ):
+        config = harness.Config(method, mode, nesting)
+        campaign = harness.FanOutCampaign(root / f"fanout-{number}", corpus, config)
+        outcome = harness.run_fanout_campaign(campaign, args.kills, reference, rng)
+        rows.append(outcome)
+        print(_row(outcome), flush=True)
+    return rows
 
 
 HEADER = (

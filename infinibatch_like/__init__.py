@@ -16,6 +16,8 @@ from .checkpoint_files import (
     load_checkpoint_info,
     save_checkpoint,
 )
+from .fanout import FanOut, FanOutConsumer
+from .fanout_remote import RemoteConsumer, attach
 from .iterators import *  # noqa: F403
 from .iterators import __all__ as _iterator_names
 from .packing import PackedSequence, PackingIterator
@@ -24,6 +26,10 @@ __version__ = "0.1.0"
 __all__ = [
     *_iterator_names,
     "start_background",
+    "FanOut",
+    "FanOutConsumer",
+    "RemoteConsumer",
+    "attach",
     "set_worker_gc",
     "save_checkpoint",
     "load_checkpoint",

@@ -14,6 +14,7 @@ from infinibatch_like import PackingIterator, TokenBudgetMultiplexIterator
 from infinibatch_like._base import CheckpointableIterator
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.distributed import EqualLengthIterator
+from infinibatch_like.fanout import FanOut, FanOutConsumer
 from infinibatch_like.records import SkipPolicy
 from infinibatch_like.skipping import SkipIterator
 from infinibatch_like.testing import assert_checkpointable
@@ -108,6 +109,18 @@ class GeneratorIterable:
 
     def __iter__(self) -> Any:
         return (i * i for i in range(self.n))
+
+
+def fan_out_consumer(fan: FanOut[Any], index: int) -> FanOutConsumer[Any]:
+    """Consumer `index` of `fan`, the others closed (they hold it back no more)."""
+    for other in range(fan.consumers):
+        if other != index:
+            fan.consumer(other).close()
+    return fan.consumer(index)
+
+
+# A fan-out's consumer shares its fan-out with the others: it cannot be pickled alone.
+UNPICKLABLE = {"FanOutConsumer"}
 
 
 # Each public iterator class (or factory) -> factories of pipelines exercising it.
@@ -249,6 +262,12 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
         lambda: it.ParallelMapIterator(native(40), fail_on_sevens, 2, 3, snapshot_every=4,
                                        mode="thread", on_error=SKIPS),
     ],
+    "FanOutConsumer": [
+        lambda: fan_out_consumer(FanOut(native(40), 2, max_lag=3, snapshot_every=4), 0),
+        lambda: fan_out_consumer(
+            FanOut(it.MapIterator(native(90), add_one), 3, mode="split", snapshot_every=5), 1
+        ),
+    ],
     "SkipIterator": [
         lambda: SkipIterator(it.MapIterator(native(40), add_one), skip=[(3, 6), (10, 11)]),
         lambda: SkipIterator(native(12), skip=[(9, 30)]),
@@ -332,6 +351,9 @@ DIFFERENT: dict[str, Callable[[], CheckpointableIterator[Any]]] = {
     "ParallelMapIterator-0": lambda: it.ParallelMapIterator(
         native(31), add_one, 2, 3, snapshot_every=4
     ),
+    "FanOutConsumer-1": lambda: fan_out_consumer(
+        FanOut(it.MapIterator(native(90), add_one), 3, snapshot_every=5), 1
+    ),
     "chunked_dataset_iterator-0": lambda: chunked_dataset_iterator(
         list(range(9))[::-1], read_chunk, buffer_size=5, seed=2
     ),
@@ -368,7 +390,8 @@ def contract_cases() -> list[Any]:
     for name, factories in CASES.items():
         for index, factory in enumerate(factories):
             case = f"{name}-{index}"
-            cases.append(pytest.param(factory, DIFFERENT.get(case), id=case))
+            pickles = name not in UNPICKLABLE
+            cases.append(pytest.param(factory, DIFFERENT.get(case), pickles, id=case))
     return cases
 
 
@@ -377,12 +400,13 @@ def test_every_different_factory_belongs_to_a_case() -> None:
     assert set(DIFFERENT) <= ids
 
 
-@pytest.mark.parametrize(("factory", "different"), contract_cases())
+@pytest.mark.parametrize(("factory", "different", "pickles"), contract_cases())
 def test_contract(
     factory: Callable[[], CheckpointableIterator[Any]],
     different: Callable[[], CheckpointableIterator[Any]] | None,
+    pickles: bool,
 ) -> None:
-    assert_checkpointable(factory, max_items=80, different=different)
+    assert_checkpointable(factory, max_items=80, different=different, check_pickle=pickles)
     if different is not None:  # and the other way round
         assert_checkpointable(different, max_items=20, different=factory, check_damage=False,
                               check_pickle=False, check_torch=False)

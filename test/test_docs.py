@@ -44,6 +44,7 @@ RUNNABLE_PAGES = [
     "howto/shuffling.md",
     "howto/batching.md",
     "howto/parallelism.md",
+    "howto/several-consumers.md",
     "howto/checkpoints.md",
     "howto/long-runs.md",
     "howto/elastic.md",
@@ -112,6 +113,8 @@ API_CONTENT = {
     "api/background.md": [
         ("PrefetchIterator", "produced ahead by a background worker"),
         ("ParallelMapIterator", "worker processes"),
+        ("FanOut", "read once, for several consumers"),
+        ("attach", "from any process of this host"),
         ("WorkerError", ""),
     ],
     "api/datasets.md": [("chunked_dataset_iterator", "read chunk by chunk"), ("bump_seed", "")],

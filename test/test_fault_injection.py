@@ -186,3 +186,20 @@ def test_hostile_input_verdicts(
 ) -> None:
     case = hostile.cases.Case("family", "case", lambda scratch: "", max_s=10, max_mib=200)
     assert hostile._judge(case, output, code, timed_out, 1.0, peak) == verdict
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_fan_out_consumer_killed_and_restarted_consumes_the_uninterrupted_stream(
+    method: str, corpus: Path, reference: list[str], tmp_path: Path
+) -> None:
+    config = harness.Config(method, "process", "nested" if method == "spawn" else "flat")
+    campaign = harness.FanOutCampaign(tmp_path, corpus, config)
+    outcome = harness.run_fanout_campaign(campaign, 2, reference, random.Random(method))
+    assert outcome.failures == []
+    assert outcome.kills == 2
+    assert outcome.runs == 1 + campaign.consumers + 2  # the owner, the consumers, restarts
+    assert (outcome.lost, outcome.duplicated, outcome.stalls) == (0, 0, 0)
+    assert outcome.same_order
+    assert outcome.leaks == []
+    for index in range(campaign.consumers):  # each consumer: every batch, once, in order
+        assert campaign.consumed(index) == reference

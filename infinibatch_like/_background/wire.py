@@ -7,7 +7,8 @@ frames on a pipe: the reader polls the pipe itself and reads what is there witho
 blocking, so a writer that dies half-way through a large message never hangs it. This
 also bypasses the reductions that ``torch.multiprocessing`` installs into
 multiprocessing's pickler (shared memory through file descriptors): a tensor costs one
-copy each way, never a descriptor, and no semaphore is ever created.
+copy each way, never a descriptor, and no semaphore is ever created. `send_frames`
+writes frames to a socket (a fan-out's consumers in other processes).
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from __future__ import annotations
 import os
 import pickle
 import select
+import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 from .._base import callable_pickling
 
@@ -137,3 +140,22 @@ def read_until(
                 return reader.read(last_words_s)
             except EOFError:
                 return None
+
+
+def send_frames(sock: socket.socket, *messages: tuple[Any, ...] | bytes) -> None:
+    """Send `messages` (tuples, or tuples already pickled) as frames, in as few system
+    calls as the socket takes, without copying them into one buffer."""
+    parts: list[memoryview] = []
+    for message in messages:
+        data = message if isinstance(message, bytes) else pickle.dumps(message, PROTOCOL)
+        parts += [memoryview(len(data).to_bytes(8, "little")), memoryview(data)]
+    while parts:
+        sent = sock.sendmsg(parts[:_MOST_PARTS])
+        while parts and sent >= len(parts[0]):
+            sent -= len(parts.pop(0))
+        if sent:
+            parts[0] = parts[0][sent:]
+
+
+_MOST_PARTS = 64
+"""Buffers per ``sendmsg`` call (well under the system's limit, IOV_MAX)."""

@@ -1,0 +1,265 @@
+"""Fan-out: what it costs several consumers to read one pipeline, against each its own.
+
+``python bench/bench_fanout.py [--quick] [--batches N] [--consumers K] [--start-method M]``
+
+The pipeline is P1 of ``bench_pipeline.py`` (chunked gzip text, shuffle buffer, tokenized,
+bucketed batches of about 2048 tokens) over the bench corpus. Every scenario consumes N
+batches per consumer; the CPU time counted is this process's, plus its children's
+(the loops of consumer processes) where there are some:
+
+- ``one pipeline``: one consumer, one pipeline (the unit of the ratios);
+- ``K independent pipelines``: what K consumers cost without a fan-out (about K x);
+- ``FanOut replicate, K threads``: one pipeline, K consumers reading it from threads;
+- ``FanOut replicate, K processes``: one pipeline in this process, K consumer processes
+  attached by a Unix socket (every batch pickled once, unpickled by each; up to 8
+  batches a round trip);
+- ``FanOut split, 2 processes``: 2 consumer processes share the first 2N batches.
+
+Checks: every replicate consumer's batches are the single pipeline's first N batches
+(by digest); the split consumers' batches are its first 2N batches, each exactly once,
+batch k to consumer k % 2. Target: K=4 replicate costs <= 1.25x the CPU of one pipeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import multiprocessing
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import _util
+import bench_pipeline
+import numpy as np
+from _util import median, print_table, ratio, verdict, write_result
+from bench_pipeline import make_pipeline
+from corpus import build_corpus
+
+from infinibatch_like import FanOut, attach
+
+TARGET = 1.25
+PREFETCH = 8
+"""Items a consumer process receives per round trip to the owner, at most."""
+
+
+def as_array(batch: list[list[str]]) -> Any:
+    """A batch as a model takes it: a padded int32 array (a token's id here is its
+    length, a stand-in for a vocabulary lookup)."""
+    width = max(len(line) for line in batch)
+    array = np.zeros((len(batch), width), dtype=np.int32)
+    for row, line in enumerate(batch):
+        array[row, : len(line)] = [len(token) for token in line]
+    return array
+
+
+FORMATS = ("tokens", "arrays")
+_format = ["tokens"]
+
+
+def pipeline(lib: _util.Library, chunks: list[str]) -> Any:
+    """P1, whose batches are token lists, or arrays with ``--format arrays``."""
+    batches = make_pipeline(lib, chunks)
+    if _format[0] == "arrays":
+        return lib.iterators.MapIterator(batches, as_array)
+    return batches
+
+
+def batch_digest(batch: Any) -> bytes:
+    if isinstance(batch, np.ndarray):
+        return hashlib.blake2b(batch.tobytes(), digest_size=16).digest()
+    return bench_pipeline.batch_digest(batch)
+
+
+Run = tuple[list[list[Any]], float]
+"""What a scenario returns: each consumer's batches (or their digests, from consumer
+processes), and the CPU seconds its consumer processes spent taking them."""
+
+
+def measure(action: Callable[[], Run]) -> tuple[float, float, list[list[bytes]]]:
+    """(CPU s, wall s, each consumer's digests) of `action`: the CPU of this process and
+    of the consumer processes' loops (their start-up and digests are not counted, as the
+    consumers' own digests in this process are computed after the clock stops)."""
+    gc.collect()  # what an earlier scenario left is not this one's cost
+    cpu, wall = time.process_time(), time.perf_counter()
+    batches, children = action()
+    spent, elapsed = time.process_time() - cpu + children, time.perf_counter() - wall
+    digests = [[d if isinstance(d, bytes) else batch_digest(d) for d in got] for got in batches]
+    return spent, elapsed, digests
+
+
+def take(iterator: Any, batches: int) -> list[Any]:
+    return [next(iterator) for _ in range(batches)]
+
+
+def one_pipeline(lib: _util.Library, chunks: list[str], batches: int) -> Run:
+    single = pipeline(lib, chunks)
+    got = take(single, batches)
+    single.close()
+    return [got], 0.0
+
+
+def independent(lib: _util.Library, chunks: list[str], batches: int, consumers: int) -> Run:
+    return [one_pipeline(lib, chunks, batches)[0][0] for _ in range(consumers)], 0.0
+
+
+def fan_out_threads(lib: _util.Library, chunks: list[str], batches: int, consumers: int) -> Run:
+    with FanOut(pipeline(lib, chunks), consumers, max_lag=16) as fan:
+        readers = [fan.consumer(i) for i in range(consumers)]
+        out: list[list[Any]] = [[] for _ in readers]
+        threads = [
+            threading.Thread(target=lambda i=i: out[i].extend(take(readers[i], batches)))
+            for i in range(consumers)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return out, 0.0
+
+
+def consumer_process(address: str, index: int, batches: int, results: Any) -> None:
+    gc.freeze()  # as the library's own workers do: collections skip what fork inherited
+    consumer = attach(address, index, timeout=60, prefetch=PREFETCH)
+    cpu = time.process_time()
+    got = take(consumer, batches)
+    cpu = time.process_time() - cpu
+    consumer.close()
+    results.send(([batch_digest(batch) for batch in got], cpu))
+    results.close()
+
+
+def fan_out_processes(
+    lib: _util.Library,
+    chunks: list[str],
+    batches: int,
+    consumers: int,
+    mode: str,
+    method: str,
+) -> Run:
+    context = multiprocessing.get_context(method)
+    with tempfile.TemporaryDirectory() as tmp, FanOut(
+        pipeline(lib, chunks), consumers, mode=mode, max_lag=16
+    ) as fan:
+        address = fan.serve(os.path.join(tmp, "fan.sock"))
+        pipes = [context.Pipe(duplex=False) for _ in range(consumers)]
+        processes = [
+            context.Process(target=consumer_process, args=(address, i, batches, pipes[i][1]))
+            for i in range(consumers)
+        ]
+        for process in processes:
+            process.start()
+        results = [reader.recv() for reader, _ in pipes]
+        for process in processes:
+            process.join()
+    return [digests for digests, _ in results], sum(cpu for _, cpu in results)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller corpus and run")
+    parser.add_argument("--batches", type=int, default=None, help="batches per consumer")
+    parser.add_argument("--consumers", type=int, default=4)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="tokens",
+        help="batches as token lists (P1's own) or as padded int32 arrays (what a model "
+        "takes; they cross a process boundary at the cost of a copy)",
+    )
+    parser.add_argument(
+        "--start-method", default="fork", choices=multiprocessing.get_all_start_methods()
+    )
+    args = parser.parse_args(argv)
+    _format[0] = args.format
+    lines = 200_000 if args.quick else 1_000_000
+    batches = args.batches or (300 if args.quick else 1500)
+    k, method = args.consumers, args.start_method
+    chunks = build_corpus(lines)
+    lib = _util.load_libraries(["infinibatch_like"])["infinibatch_like"]
+    print(
+        f"P1 over {lines:,} lines, batches as {args.format}; {batches} batches per "
+        f"consumer; {k} consumers; consumer "
+        f"processes started with {method!r}; {args.reps} repeats (median CPU)",
+        flush=True,
+    )
+    scenarios: dict[str, Callable[[], Run]] = {
+        "one pipeline": lambda: one_pipeline(lib, chunks, batches),
+        f"{k} independent pipelines": lambda: independent(lib, chunks, batches, k),
+        f"FanOut replicate, {k} threads": lambda: fan_out_threads(lib, chunks, batches, k),
+        f"FanOut replicate, {k} processes": lambda: fan_out_processes(
+            lib, chunks, batches, k, "replicate", method
+        ),
+        "FanOut split, 2 processes": lambda: fan_out_processes(
+            lib, chunks, batches, 2, "split", method
+        ),
+    }
+    cpu: dict[str, list[float]] = {name: [] for name in scenarios}
+    wall: dict[str, list[float]] = {name: [] for name in scenarios}
+    digests: dict[str, list[list[bytes]]] = {}
+    for rep in range(args.reps):  # each repeat in another order: no scenario always first
+        names = list(scenarios)
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            action = scenarios[name]
+            spent, elapsed, got = measure(action)
+            cpu[name].append(spent)
+            wall[name].append(elapsed)
+            digests[name] = got
+
+    reference = [batch_digest(batch) for batch in one_pipeline(lib, chunks, 2 * batches)[0][0]]
+    exact = {
+        name: all(got == reference[:batches] for got in digests[name])
+        for name in scenarios
+        if "split" not in name
+    }
+    split = digests["FanOut split, 2 processes"]
+    exact["FanOut split, 2 processes"] = (
+        sorted(split[0] + split[1]) == sorted(reference)
+        and split[0] == reference[0::2]
+        and split[1] == reference[1::2]
+    )
+    unit = median(cpu["one pipeline"])
+    rows = []
+    for name in scenarios:
+        per_batch = batches * (2 if "split" in name else 1)
+        ratio_cpu = ratio(median(cpu[name]), unit) if "split" not in name else None
+        judged = name.startswith("FanOut replicate") and k == 4
+        rows.append(
+            [
+                name,
+                median(cpu[name]),
+                median(wall[name]),
+                ratio_cpu,
+                1e3 * median(cpu[name]) / per_batch,
+                exact[name],
+                verdict(ratio_cpu, TARGET, higher_is_better=False) if judged else "",
+            ]
+        )
+    print_table(
+        f"CPU to consume {batches} batches per consumer (target: {k} replicate <= "
+        f"{TARGET}x one pipeline)",
+        ["scenario", "CPU s", "wall s", "x one", "CPU ms/batch", "exact", "target"],
+        rows,
+    )
+    write_result(
+        f"fanout-{args.format}" + ("-quick" if args.quick else ""),
+        {
+            "arguments": vars(args),
+            "lines": lines,
+            "cpu": cpu,
+            "wall": wall,
+            "exact": exact,
+            "ratios": {row[0]: row[3] for row in rows},
+        },
+    )
+    return 0 if all(exact.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The fan-out processes that `fault_harness.run_fanout_campaign` kills: an owner serving
+the pipeline of `fault_loop.py` to consumer processes, each a training loop of its own.
+
+``python bench/fault_fanout_loop.py owner WORKDIR CORPUS --consumers C --start-method M
+--prefetch-mode P --nesting {flat,nested}`` builds the pipeline of ``fault_loop.py``
+(``build_pipeline``), serves it in ``"replicate"`` mode at ``WORKDIR/fan.sock`` and exits
+once every consumer has closed (or on SIGTERM).
+
+``python bench/fault_fanout_loop.py consumer WORKDIR INDEX --batches N --every K`` attaches
+to consumer INDEX and trains on N batches as ``fault_loop.py`` does: every batch goes to
+``WORKDIR/consumer-INDEX/consumed.log``, every K steps the log is fsync'd and the
+consumer's state saved (``ckpt-{step}.json``, the last 2 kept). On start it loads its
+latest checkpoint, truncates its log to the length recorded with it and restores its own
+consumer (the others going on), or moves it to the start if there is no checkpoint yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(1, str(REPO_ROOT))
+
+from fault_loop import CHECKPOINTS, STEP_SECONDS, build_pipeline  # noqa: E402
+
+from infinibatch_like import FanOut, attach, load_checkpoint, save_checkpoint  # noqa: E402
+
+SOCKET = "fan.sock"
+
+
+def owner(args: argparse.Namespace) -> None:
+    def preempted(signum: int, frame: Any) -> None:
+        raise SystemExit(143)
+
+    signal.signal(signal.SIGTERM, preempted)
+    pipeline = build_pipeline(args.corpus, args.start_method, args.prefetch_mode, args.nesting)
+    with FanOut(pipeline, args.consumers, max_lag=4, timeout=60) as fan:
+        fan.serve(str(args.workdir / SOCKET))
+        while not fan.closed:
+            time.sleep(0.05)
+
+
+def consumer(args: argparse.Namespace) -> None:
+    directory = args.workdir / f"consumer-{args.index}"
+    directory.mkdir(exist_ok=True)
+    pattern = str(directory / CHECKPOINTS)
+    try:
+        checkpoint = load_checkpoint(pattern)
+    except FileNotFoundError:
+        checkpoint = {"model": {"step": 0, "digest": ""}, "log_bytes": 0, "data": None}
+    model = checkpoint["model"]
+    with open(directory / "consumed.log", "ab") as log, attach(
+        str(args.workdir / SOCKET), args.index, timeout=30
+    ) as batches:
+        log.truncate(checkpoint["log_bytes"])
+        batches.setstate(checkpoint["data"])  # this consumer alone; None: the start
+        while model["step"] < args.batches:
+            line = json.dumps(next(batches)).encode()
+            model["digest"] = hashlib.sha256(model["digest"].encode() + line).hexdigest()
+            model["step"] += 1
+            time.sleep(STEP_SECONDS)
+            log.write(line + b"\n")
+            log.flush()
+            if model["step"] % args.every == 0:
+                os.fsync(log.fileno())
+                state = {"model": model, "log_bytes": log.tell(), "data": batches.getstate()}
+                save_checkpoint(pattern, state, step=model["step"], keep=2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    roles = parser.add_subparsers(dest="role", required=True)
+    serving = roles.add_parser("owner")
+    serving.add_argument("workdir", type=Path)
+    serving.add_argument("corpus", type=Path)
+    serving.add_argument("--consumers", type=int, default=2)
+    serving.add_argument("--start-method", default="fork")
+    serving.add_argument("--prefetch-mode", default="process")
+    serving.add_argument("--nesting", choices=("flat", "nested"), default="flat")
+    reading = roles.add_parser("consumer")
+    reading.add_argument("workdir", type=Path)
+    reading.add_argument("index", type=int)
+    reading.add_argument("--batches", type=int, required=True)
+    reading.add_argument("--every", type=int, required=True)
+    args = parser.parse_args()
+    (owner if args.role == "owner" else consumer)(args)
+
+
+if __name__ == "__main__":
+    main()

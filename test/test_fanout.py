@@ -1,0 +1,524 @@
+"""FanOut: one upstream read once by several consumers (threads, or processes attached by
+a Unix socket), replicate and split, bounded lag, one exact checkpoint for all."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _leaks import open_fds
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infinibatch_like import FanOut, StateMismatchError, WorkerError, attach
+from infinibatch_like.iterators import MapIterator, NativeCheckpointableIterator
+from infinibatch_like.testing import assert_checkpointable, check_resume
+
+METHODS = ["fork", "forkserver", "spawn"]
+
+
+class Counting:
+    """A transform that counts its calls (shared by the threads of this process)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, x: int) -> int:
+        self.calls += 1
+        return x * 10
+
+
+def times_ten(x: int) -> int:
+    return x * 10
+
+
+def upstream(n: int = 60, transform: Callable[[int], int] = times_ten) -> MapIterator:
+    return MapIterator(NativeCheckpointableIterator(list(range(n))), transform)
+
+
+def read_all(consumers: list[Any]) -> list[list[Any]]:
+    """Each consumer read to its end by a thread of its own."""
+    out: list[list[Any]] = [[] for _ in consumers]
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            out[index].extend(consumers[index])
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(consumers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+    return out
+
+
+# -- in one process: threads --------------------------------------------------------------
+
+
+def test_replicate_gives_every_consumer_every_item_and_reads_the_upstream_once() -> None:
+    transform = Counting()
+    fan = FanOut(upstream(60, transform), 4, max_lag=3)
+    out = read_all([fan.consumer(i) for i in range(4)])
+    assert out == [[x * 10 for x in range(60)]] * 4
+    assert transform.calls == 60
+    assert fan.pulled == 60
+
+
+def test_split_gives_each_item_to_exactly_one_consumer_round_robin() -> None:
+    transform = Counting()
+    fan = FanOut(upstream(50, transform), 3, mode="split", max_lag=2)
+    out = read_all([fan.consumer(i) for i in range(3)])
+    assert out == [[x * 10 for x in range(i, 50, 3)] for i in range(3)]
+    assert transform.calls == 50
+
+
+def test_a_fast_consumer_waits_at_max_lag_ahead_of_the_slowest() -> None:
+    fan = FanOut(upstream(40), 2, max_lag=5)
+    fast, slow = fan.consumer(0), fan.consumer(1)
+    taken: list[int] = []
+    reader = threading.Thread(target=lambda: taken.extend(fast), daemon=True)
+    reader.start()
+    time.sleep(0.3)
+    assert len(taken) == 5  # waits there
+    assert len(fan._hub.buffer) <= 6
+    assert next(slow) == 0
+    time.sleep(0.3)
+    assert len(taken) == 6  # one more, no further
+    slow.close()  # a closed consumer holds no one back
+    reader.join(10)
+    assert taken == [x * 10 for x in range(40)]
+
+
+def test_waiting_for_a_consumer_read_by_the_same_thread_raises_at_once() -> None:
+    fan = FanOut(upstream(), 2, max_lag=2)
+    first, second = fan.consumer(0), fan.consumer(1)
+    next(second)
+    next(first), next(first), next(first)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="ahead of consumer 1, which was last read by this same"):
+        next(first)
+    assert time.monotonic() - started < 1
+
+
+def test_a_consumer_that_never_moves_raises_after_timeout_naming_it() -> None:
+    fan = FanOut(upstream(), 3, max_lag=2, timeout=0.5)
+    first = fan.consumer(0)
+    fan.consumer(1).close()
+    fan.consumer(2)
+    next(first), next(first)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="ahead of consumer 2, which has taken no item for"):
+        next(first)
+    assert 0.4 < time.monotonic() - started < 5
+
+
+def test_closing_every_consumer_closes_the_upstream() -> None:
+    source = upstream()
+    fan = FanOut(source, 2)
+    consumers = [fan.consumer(0), fan.consumer(1)]
+    consumers[0].close()
+    assert not source._closed
+    consumers[1].close()
+    assert source._closed
+    with pytest.raises(RuntimeError, match="closed"):
+        next(consumers[1])
+
+
+def test_an_upstream_error_reaches_the_consumers_at_its_item() -> None:
+    def fail_at_seven(x: int) -> int:
+        if x == 7:
+            raise ValueError("bad item 7")
+        return x
+
+    fan = FanOut(upstream(20, fail_at_seven), 2, mode="split", max_lag=10)
+    even, odd = fan.consumer(0), fan.consumer(1)
+    assert [next(odd) for _ in range(3)] == [1, 3, 5]
+    with pytest.raises(ValueError, match="bad item 7"):
+        next(odd)
+    assert [next(even) for _ in range(4)] == [0, 2, 4, 6]
+    with pytest.raises(ValueError, match="bad item 7"):
+        next(even)
+
+
+def test_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="FanOut: mode must be one of"):
+        FanOut(upstream(), 2, mode="broadcast")
+    with pytest.raises(ValueError, match="FanOut: consumers must be >= 1"):
+        FanOut(upstream(), 0)
+    with pytest.raises(ValueError, match="FanOut: max_lag must be >= 1"):
+        FanOut(upstream(), 2, max_lag=0)
+    with pytest.raises(ValueError, match="FanOut: source must be a CheckpointableIterator"):
+        FanOut([1, 2], 2)  # type: ignore[arg-type]
+    fan = FanOut(upstream(), 2)
+    fan.consumer(0)
+    with pytest.raises(ValueError, match="FanOut: consumer 0 is already taken"):
+        fan.consumer(0)
+    with pytest.raises(ValueError, match="consumer index must be < consumers=2, got 2"):
+        fan.consumer(2)
+
+
+# -- one checkpoint ------------------------------------------------------------------------
+
+
+def test_one_state_from_any_consumer_or_the_owner_restores_everyone_exactly() -> None:
+    fan = FanOut(upstream(80), 3, mode="split", max_lag=4, snapshot_every=5)
+    consumers = [fan.consumer(i) for i in range(3)]
+    for _ in range(6):
+        for consumer in consumers:
+            next(consumer)
+    next(consumers[0]), next(consumers[0]), next(consumers[2])
+    state = fan.getstate()
+    assert all(consumer.getstate() == state for consumer in consumers)
+    assert state["taken"] == [8, 6, 7]
+    assert state["source_index"] <= 6 * 3 + 1  # at or before the slowest consumer
+    rest = read_all(consumers)
+
+    restored = FanOut(upstream(80), 3, mode="split", max_lag=4, snapshot_every=5)
+    restored.setstate(json.loads(json.dumps(state)))
+    assert read_all([restored.consumer(i) for i in range(3)]) == rest
+    assert restored.pulled <= 80 - state["source_index"]
+
+
+def test_a_consumer_restored_alone_continues_exactly_while_the_others_go_on() -> None:
+    fan = FanOut(upstream(100), 2, max_lag=6, snapshot_every=4)
+    first, second = fan.consumer(0), fan.consumer(1)
+    for _ in range(10):
+        next(first), next(second)
+    state = second.getstate()
+    for _ in range(5):
+        next(first), next(second)
+    second.setstate(state)  # its process restarted from the last checkpoint
+    out = read_all([first, second])
+    assert out[0] == [x * 10 for x in range(15, 100)]
+    assert out[1] == [x * 10 for x in range(10, 100)]
+
+
+def test_states_of_another_mode_or_count_are_refused_naming_the_argument() -> None:
+    fan = FanOut(upstream(), 2, mode="split")
+    next(fan.consumer(0))
+    state = fan.getstate()
+    with pytest.raises(StateMismatchError, match="taken with mode='split'"):
+        FanOut(upstream(), 2).setstate(state)
+    with pytest.raises(StateMismatchError, match="taken with consumers=2"):
+        FanOut(upstream(), 3, mode="split").consumer(1).setstate(state)
+
+
+def test_a_state_replaying_more_than_any_state_holds_is_refused() -> None:
+    fan = FanOut(upstream(), 2, snapshot_every=5)
+    state = fan.getstate()
+    state["taken"] = [40, 40]  # 5 + (16 + 1) * 2 = 39 at most
+    with pytest.raises(StateMismatchError, match=r"more than snapshot_every \+ \(max_lag"):
+        FanOut(upstream(), 2, snapshot_every=5).setstate(state)
+    state["taken"] = [1, 2, 3]
+    with pytest.raises(StateMismatchError, match="3 positions"):
+        FanOut(upstream(), 2, snapshot_every=5).setstate(state)
+
+
+def _replicate_consumer() -> Any:
+    fan = FanOut(upstream(45), 2, max_lag=3, snapshot_every=4)
+    fan.consumer(1).close()
+    return fan.consumer(0)
+
+
+def _split_consumer() -> Any:
+    fan = FanOut(upstream(70), 3, mode="split", snapshot_every=5)
+    fan.consumer(0).close()
+    fan.consumer(2).close()
+    return fan.consumer(1)
+
+
+@pytest.mark.parametrize("factory", [_replicate_consumer, _split_consumer])
+def test_each_consumer_passes_the_contract(factory: Callable[[], Any]) -> None:
+    assert_checkpointable(factory, max_items=40, check_pickle=False)
+    check_resume(factory, max_items=40)
+
+
+def serve_fresh_fan_outs(requests: Any) -> None:
+    """An owner process: for each path received, a fresh fan-out served there (consumer 1
+    closed, consumer 0 left to attach)."""
+    fans = []
+    while (path := requests.recv()) is not None:
+        fan = FanOut(upstream(45), 2, max_lag=3, snapshot_every=4)
+        fan.consumer(1).close()
+        fans.append(fan)
+        requests.send(fan.serve(path))
+
+
+def test_a_remote_consumer_passes_the_contract(tmp_path: Path) -> None:
+    requests, owner_end = multiprocessing.Pipe()
+    owner = multiprocessing.get_context("fork").Process(
+        target=serve_fresh_fan_outs, args=(owner_end,)
+    )
+    owner.start()
+    sockets = iter(range(10**6))
+
+    def factory() -> Any:
+        requests.send(str(tmp_path / f"{next(sockets)}.sock"))
+        return attach(requests.recv(), 0, timeout=5)
+
+    try:
+        assert_checkpointable(factory, max_items=30, check_pickle=False, restore_points=[0, 7])
+        check_resume(factory, max_items=30, restore_points=[0, 11, 30])
+    finally:
+        requests.send(None)
+        owner.join(10)
+
+
+# -- hypothesis: the split assignment and the lag bound under any interleaving ---------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    consumers=st.integers(1, 4),
+    split=st.booleans(),
+    max_lag=st.integers(1, 5),
+    steps=st.lists(st.integers(0, 3), min_size=1, max_size=120),
+    restore_at=st.integers(0, 120),
+)
+def test_any_interleaving_keeps_the_assignment_the_lag_bound_and_exact_restores(
+    consumers: int, split: bool, max_lag: int, steps: list[int], restore_at: int
+) -> None:
+    mode = "split" if split else "replicate"
+    n = 50
+
+    def build() -> FanOut[int]:
+        return FanOut(upstream(n), consumers, mode=mode, max_lag=max_lag, snapshot_every=3)
+
+    fan = build()
+    readers = [fan.consumer(i) for i in range(consumers)]
+    got: list[list[int]] = [[] for _ in range(consumers)]
+    saved: tuple[Any, list[int]] | None = None
+    for step, choice in enumerate(steps):
+        if step == restore_at:
+            saved = (fan.getstate(), [len(g) for g in got])
+        taken = fan._hub.taken
+        movable = [
+            i
+            for i in range(consumers)
+            if taken[i] - min(taken) < max_lag and not fan._hub._ended(i)
+        ]
+        if not movable:
+            break
+        index = movable[choice % len(movable)]
+        with contextlib.suppress(StopIteration):
+            got[index].append(next(readers[index]))
+        held = len(fan._hub.buffer)
+        assert held <= (max_lag + 1) * consumers
+        assert max(taken) - min(taken) <= max_lag
+    for i in range(consumers):
+        expected = range(i, n, consumers) if split else range(n)
+        assert got[i] == [x * 10 for x in expected][: len(got[i])]
+    if saved is not None:
+        state, lengths = saved
+        again = build()
+        again.setstate(json.loads(json.dumps(state)))
+        continued = read_all([again.consumer(i) for i in range(consumers)])
+        for i in range(consumers):
+            expected = range(i, n, consumers) if split else range(n)
+            assert continued[i] == [x * 10 for x in expected][lengths[i] :]
+
+
+# -- processes of the host -----------------------------------------------------------------
+
+
+def consume(address: str, index: int, out: str, every: int, kill_at: int) -> None:
+    """A consumer process: resumes from its checkpoint file if there is one, writes each
+    item to `out`, checkpoints every `every` items, SIGKILLs itself after `kill_at`."""
+    checkpoint = Path(out + ".ckpt")
+    consumer = attach(address, index, timeout=20)
+    lines = 0
+    if checkpoint.exists():
+        saved = json.loads(checkpoint.read_text())
+        consumer.setstate(saved["state"])
+        lines = saved["lines"]
+    with open(out, "a+") as file:
+        file.truncate(sum(len(line) for line in Path(out).read_text().splitlines(True)[:lines]))
+        for item in consumer:
+            file.write(f"{item}\n")
+            file.flush()
+            lines += 1
+            if lines % every == 0:
+                tmp = checkpoint.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"state": consumer.getstate(), "lines": lines}))
+                os.replace(tmp, checkpoint)
+            if lines == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+    consumer.close()
+
+
+def _items(path: Path) -> list[int]:
+    return [int(line) for line in path.read_text().splitlines()]
+
+
+def _start_singletons(method: str) -> None:
+    """Start multiprocessing's own helper processes (they live as long as this one), so
+    that counting descriptors shows what the fan-out leaves behind."""
+    from multiprocessing import forkserver, resource_tracker
+
+    resource_tracker.ensure_running()
+    if method == "forkserver":
+        forkserver.ensure_running()
+
+
+def _start(method: str, *args: Any) -> multiprocessing.process.BaseProcess:
+    process = multiprocessing.get_context(method).Process(target=consume, args=args)
+    process.start()
+    return process
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_split_over_two_processes_gives_the_union_exactly_once(
+    method: str, tmp_path: Path
+) -> None:
+    transform = Counting()
+    _start_singletons(method)
+    gc.collect()  # what earlier tests left to the collector goes now, not mid-test
+    fds = open_fds()
+    with FanOut(upstream(90, transform), 2, mode="split", max_lag=4) as fan:
+        address = fan.serve(str(tmp_path / "fan.sock"))
+        outs = [tmp_path / f"out{i}" for i in range(2)]
+        processes = [_start(method, address, i, str(outs[i]), 1000, -1) for i in range(2)]
+        for process in processes:
+            process.join(60)
+            assert process.exitcode == 0
+            process.close()
+    got = [_items(out) for out in outs]
+    assert sorted(got[0] + got[1]) == [x * 10 for x in range(90)]
+    assert got[0] == [x * 10 for x in range(0, 90, 2)]
+    assert transform.calls == 90  # read once, in the owner
+    assert not (tmp_path / "fan.sock").exists()
+    assert open_fds() == fds
+    assert not [t for t in threading.enumerate() if t.name.startswith("infinibatch_like.FanOut")]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_consumer_process_killed_and_restarted_continues_exactly(
+    method: str, tmp_path: Path
+) -> None:
+    with FanOut(upstream(120), 2, max_lag=8, snapshot_every=10, timeout=60) as fan:
+        address = fan.serve(str(tmp_path / "fan.sock"))
+        steady, victim = tmp_path / "steady", tmp_path / "victim"
+        first = _start(method, address, 0, str(steady), 1000, -1)
+        killed = _start(method, address, 1, str(victim), 7, 31)
+        killed.join(60)
+        assert killed.exitcode == -signal.SIGKILL
+        time.sleep(0.5)  # the other goes on up to max_lag ahead, then waits
+        assert len(_items(steady)) <= 31 + 8
+        restarted = _start(method, address, 1, str(victim), 7, -1)
+        for process in (first, restarted):
+            process.join(60)
+            assert process.exitcode == 0
+    reference = [x * 10 for x in range(120)]
+    assert _items(steady) == reference
+    assert _items(victim) == reference
+
+
+def test_an_owner_restored_from_one_state_serves_each_process_its_continuation(
+    tmp_path: Path,
+) -> None:
+    fan = FanOut(upstream(60), 2, mode="split", max_lag=4, snapshot_every=5)
+    even, odd = fan.consumer(0), fan.consumer(1)
+    for _ in range(7):
+        next(even), next(odd)
+    next(even)
+    state = fan.getstate()
+    rest = read_all([even, odd])
+    with FanOut(upstream(60), 2, mode="split", max_lag=4, snapshot_every=5) as restored:
+        restored.setstate(json.loads(json.dumps(state)))
+        address = restored.serve(str(tmp_path / "fan.sock"))
+        outs = [tmp_path / f"out{i}" for i in range(2)]
+        processes = [_start("spawn", address, i, str(outs[i]), 1000, -1) for i in range(2)]
+        for process in processes:
+            process.join(60)
+            assert process.exitcode == 0
+    assert [_items(out) for out in outs] == rest
+
+
+def test_a_consumer_sees_its_owner_die_within_a_second(tmp_path: Path) -> None:
+    address = str(tmp_path / "fan.sock")
+    context = multiprocessing.get_context("spawn")
+    owner = context.Process(target=serve_for_a_while, args=(address,))
+    owner.start()
+    try:
+        consumer = attach(address, 0, timeout=30)
+        assert next(consumer) == 0
+        owner.kill()
+        started = time.monotonic()
+        with pytest.raises(WorkerError, match=r"the owner .* closed or died while consumer 0"):
+            list(consumer)
+        assert time.monotonic() - started < 2
+        consumer.close()
+    finally:
+        owner.kill()
+        owner.join()
+
+
+def serve_for_a_while(address: str) -> None:
+    fan = FanOut(upstream(10**6, times_ten), 2, max_lag=2)
+    fan.serve(address)
+    fan.consumer(1)  # never read: consumer 0 waits
+    time.sleep(60)
+
+
+def test_a_prefetching_remote_consumer_yields_the_stream_and_checkpoints_exactly(
+    tmp_path: Path,
+) -> None:
+    with FanOut(upstream(100), 2, max_lag=20, snapshot_every=6) as fan:
+        address = fan.serve(str(tmp_path / "fan.sock"))
+        local = fan.consumer(0)
+        remote = attach(address, 1, timeout=5, prefetch=8)
+        got = [next(remote) for _ in range(11)]  # items 11.. are held, unused
+        state = remote.getstate()
+        assert state["taken"][1] == 11
+        rest = [next(remote) for _ in range(9)]
+        assert [next(local) for _ in range(20)] == got + rest
+        remote.setstate(state)  # back to item 11, as a restarted process would be
+        assert [next(remote) for _ in range(9)] == rest
+        remote.close()
+    assert got + rest == [x * 10 for x in range(20)]
+    again = FanOut(upstream(100), 2, max_lag=20, snapshot_every=6)
+    again.setstate(state)
+    resumed = again.consumer(1)
+    assert [next(resumed) for _ in range(9)] == rest
+
+
+def test_attach_without_an_owner_times_out_naming_the_address(tmp_path: Path) -> None:
+    address = str(tmp_path / "nobody.sock")
+    with pytest.raises(TimeoutError, match=r"no fan-out serves at .*nobody\.sock"):
+        attach(address, 0, timeout=0.3)
+
+
+def test_attaching_a_taken_consumer_is_refused_and_the_owner_closes_cleanly(
+    tmp_path: Path,
+) -> None:
+    gc.collect()  # what earlier tests left to the collector goes now, not mid-test
+    fds = open_fds()
+    fan = FanOut(upstream(30), 2)
+    address = fan.serve(str(tmp_path / "fan.sock"))
+    local = fan.consumer(0)
+    with pytest.raises(ValueError, match="consumer 0 is already taken"):
+        attach(address, 0, timeout=5)
+    remote = attach(address, 1, timeout=5)
+    assert next(remote) == 0
+    assert next(local) == 0
+    assert remote.getstate() == fan.getstate()
+    fan.close()
+    with pytest.raises((WorkerError, RuntimeError)):
+        next(remote)
+    remote.close()
+    assert open_fds() == fds
+    assert not Path(address).exists()
