@@ -23,7 +23,6 @@ Every claim is checked with an ``assert``.
 
 from __future__ import annotations
 
-import functools
 import gzip
 import random
 import tempfile
@@ -40,7 +39,7 @@ from infinibatch_like.iterators import (
     CheckpointableIterator,
     MapIterator,
 )
-from infinibatch_like.torch import PaddedTensors, pad_batch
+from infinibatch_like.torch import PaddedTensors, padder
 
 LEARNING_RATES = (0.003, 0.01, 0.03)  # the sweep: one model per learning rate
 STEPS = 30
@@ -92,7 +91,7 @@ def make_pipeline(chunk_paths: list[str]) -> CheckpointableIterator[PaddedTensor
     batches = BucketedReadaheadBatchIterator(
         MapIterator(lines, encode), read_ahead=50, key=len, batch_size=capacity, seed=2
     )
-    return MapIterator(batches, functools.partial(pad_batch, to="torch", pad_value=PAD))
+    return MapIterator(batches, padder(to="torch", pad_value=PAD))
 
 
 # ---------------------------------------------------------------------------------------
