@@ -615,7 +615,16 @@ def test_sharded_stages_are_pooled_per_worker_and_the_slow_one_named(workers: in
     assert busiest["items_out"] == sum(e["items_out"] for e in copies) == 20 * len(copies)
     assert busiest["self_s"] == pytest.approx(sum(e["self_s"] for e in copies))
     assert busiest["self_s"] >= 0.9 * len(copies) * 20 * SLOW_S
-    assert busiest["share"] > 0.8 / max(1, workers)  # its workers share the work
+    # the slow stage does most of the work, shared evenly by the workers (shares rather
+    # than a bound on each: other stages' CPU time grows on a loaded machine, sleeps do not)
+    slow_suffix = "_ShardGroup.sources[*] > FixedBatchIterator.source > MapIterator"
+    every_copy = [e for e in entries if e["pattern"].endswith(slow_suffix)]
+    mine = sum(e["share"] for e in copies)
+    theirs = sum(e["share"] for e in every_copy) - mine
+    assert busiest["share"] == pytest.approx(mine)
+    assert mine + theirs > 0.5, text
+    if workers:
+        assert abs(mine - theirs) <= 0.25 * (mine + theirs), text
     assert f"data-bound; limiting stage: {slow_pattern}" in text
     lines = text.splitlines()
     slow_lines = [
