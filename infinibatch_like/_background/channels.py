@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from .._base import CheckpointableIterator, fast_iterator, source_state
 from .._probe import WorkerStats
-from . import wire
+from . import shm, wire
 from .cursor import replay
 from .errors import WorkerError, as_exception, chain_names, died, local_error, report_error
 from .lifecycle import (
@@ -28,6 +28,7 @@ from .lifecycle import (
     Resource,
     check_interrupt,
     get_context,
+    parent_alive,
     start_process,
     stop_process,
     worker_setup,
@@ -256,8 +257,8 @@ class _Outbox:
     pipe by a thread (so that producing overlaps with the consumer reading). It holds
     about `capacity` items: as many messages as `pace` puts that many items in."""
 
-    def __init__(self, fd: int, capacity: int, pace: Pace) -> None:
-        self._capacity, self._pace = capacity, pace
+    def __init__(self, fd: int, capacity: int, pace: Pace, outgoing: shm.Outgoing | None) -> None:
+        self._capacity, self._pace, self._outgoing = capacity, pace, outgoing
         self._queue: queue.Queue[bytes | None] = queue.Queue(self._slots())
         self._thread = threading.Thread(
             target=self._write, args=(fd,), name="infinibatch_like.outbox", daemon=True
@@ -276,7 +277,7 @@ class _Outbox:
             pass
 
     def put(self, message: Message) -> None:
-        data = pickle.dumps(message, wire.PROTOCOL)
+        data = shm.encode(message, self._outgoing)
         if isinstance(message, Batch):
             self._pace.sent(len(message.items), len(data))
             # Only this thread puts: a smaller bound takes effect as the writer drains.
@@ -302,14 +303,17 @@ def _producer_main(
     """Entry point of a producer worker process; `produced` (a shared counter, None while
     statistics are off) counts the items it produces."""
     holder: list[Any] = [production.source]
+    outgoing = shm.Outgoing() if shm.ENABLED else None
 
     def close_pipeline() -> None:
+        if outgoing is not None:
+            outgoing.unlink_names()
         if hasattr(holder[0], "close"):
             holder[0].close()
 
     worker_setup(parent, close_pipeline, collector)
     pace = Pace(production.max_batch)
-    outbox = _Outbox(writer.fileno(), capacity, pace)
+    outbox = _Outbox(writer.fileno(), capacity, pace, outgoing)
     try:
         if payload is not None:
             holder[0] = pickle.loads(payload)
@@ -327,6 +331,8 @@ def _producer_main(
         outbox.put(Failure(report_error(error, where, holder[0])))
     finally:
         outbox.close()
+        if outgoing is not None:  # the consumer maps what it reads: wait for it to
+            outgoing.wait_taken(lambda: parent_alive(parent))
         close_pipeline()
 
 
@@ -407,9 +413,11 @@ class ProcessChannel(Channel):
         return _opened(pickle.loads(frame))  # type: ignore[return-value]
 
     def stop_worker(self) -> None:
-        """Stop the worker process (idempotent); `shutdown` then releases the pipe."""
+        """Stop the worker process (idempotent), unlink what segments it left unread;
+        `shutdown` then releases the pipe."""
         if self._process._popen is not None:  # type: ignore[attr-defined]
             stop_process(self._process)
+            shm.remove_names(self._process.pid)  # type: ignore[arg-type]
 
     def _shutdown(self) -> None:
         self.stop_worker()

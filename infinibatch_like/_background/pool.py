@@ -15,7 +15,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from .._callables import call_origin
-from . import wire
+from . import shm, wire
 from .errors import ErrorReport, WorkerError, died, local_error, report_error
 from .lifecycle import (
     JOIN_S,
@@ -76,28 +76,33 @@ def _map_main(
     collector: WorkerGC,
 ) -> None:
     """Entry point of a map worker process of `owner` (the stage's name)."""
-    worker_setup(parent, lambda: None, collector)
+    outgoing = shm.Outgoing() if shm.ENABLED else None
+    worker_setup(parent, outgoing.unlink_names if outgoing else lambda: None, collector)
     if payload is not None:
         transform = pickle.loads(payload)
     assert transform is not None
     reader, out = wire.FrameReader(tasks.fileno()), results.fileno()
-    while True:
-        frame = wire.read_until(reader, lambda: parent_alive(parent), 1.0, 0.0)
-        if frame is None:
-            return
-        task: Task | None = pickle.loads(frame)
-        if task is None:
-            return
-        outputs, error, origin, busy = _apply(transform, task, owner)
-        failure: ErrorReport | None = None
-        if error is not None:
-            failure = report_error(error, f"{origin}, {where}")
-        try:
-            data = pickle.dumps(Result(task.number, outputs, failure, busy), wire.PROTOCOL)
-        except Exception as error:
-            failure = report_error(error, f"{where}, pickling the transform's outputs")
-            data = pickle.dumps(Result(task.number, [], failure), wire.PROTOCOL)
-        wire.write_frame(out, data)
+    try:
+        while True:
+            frame = wire.read_until(reader, lambda: parent_alive(parent), 1.0, 0.0)
+            if frame is None:
+                return
+            task: Task | None = pickle.loads(frame)
+            if task is None:
+                return
+            outputs, error, origin, busy = _apply(transform, task, owner)
+            failure: ErrorReport | None = None
+            if error is not None:
+                failure = report_error(error, f"{origin}, {where}")
+            try:
+                data = shm.encode(Result(task.number, outputs, failure, busy), outgoing)
+            except Exception as error:
+                failure = report_error(error, f"{where}, pickling the transform's outputs")
+                data = pickle.dumps(Result(task.number, [], failure), wire.PROTOCOL)
+            wire.write_frame(out, data)
+    finally:  # stopped: what the consumer did not map is of no use to it
+        if outgoing is not None:
+            outgoing.unlink_names()
 
 
 class _Sender:
@@ -220,6 +225,7 @@ class ProcessPool(Pool):
                 process.terminate()
         for process in self._processes:
             stop_process(process)
+            shm.remove_names(process.pid)  # type: ignore[arg-type]
             process.close()
         self._processes = []
         self._sender.stop()
