@@ -93,11 +93,11 @@ class _Segment:
 
 
 class Outgoing:
-    """The segments of one sender (one pipe): at most `max_segments` and `max_bytes`."""
+    """The segments of one sender (one pipe): at most `MAX_SEGMENTS` and `MAX_BYTES`."""
 
-    def __init__(self, max_segments: int = MAX_SEGMENTS, max_bytes: int = MAX_BYTES) -> None:
+    def __init__(self) -> None:
         self._prefix = f"{names_prefix(os.getpid())}{secrets.token_hex(4)}_"
-        self._max_segments, self._max_bytes = max_segments, max_bytes
+        self._max_segments, self._max_bytes = MAX_SEGMENTS, MAX_BYTES
         self._segments: list[_Segment] = []
         self._created = 0
         self._retired: list[str] = []
