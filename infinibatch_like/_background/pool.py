@@ -15,6 +15,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from .._callables import call_origin
+from ..batchmap import batch_outputs
 from . import shm, wire
 from .errors import ErrorReport, WorkerError, died, local_error, report_error
 from .lifecycle import (
@@ -33,17 +34,23 @@ from .worker_gc import WorkerGC, worker_gc
 
 
 def _apply(
-    transform: Callable[[Any], Any], task: Task, owner: str
+    transform: Callable[[Any], Any], task: Task, owner: str, batched: bool
 ) -> tuple[list[Any], BaseException | None, str, float]:
-    """The outputs of `transform` over the task's items, up to an error if one is raised;
-    the error, which call raised it (e.g. ``by ParallelMapIterator's transform f on
-    item 7``), and the seconds it took if the task is `timed` (else 0)."""
+    """The outputs of `transform` over the task's items (`batched`: one call on the list
+    of them), up to an error if one is raised; the error, which call raised it (e.g.
+    ``by ParallelMapIterator's transform f on item 7``), and the seconds it took if the
+    task is `timed` (else 0)."""
     outputs: list[Any] = []
     start = time.perf_counter() if task.timed else 0.0
     try:
-        outputs.extend(map(transform, task.items))  # keeps the outputs before a failure
+        if batched:
+            outputs = batch_outputs(owner, transform, task.items)
+        else:
+            outputs.extend(map(transform, task.items))  # keeps the outputs before a failure
     except Exception as error:
         origin = call_origin(owner, "transform", transform, task.items[len(outputs)])
+        if batched:
+            origin += f" (the first of a batch of {len(task.items)})"
         return outputs, error, origin, _since(start)
     return outputs, None, "", _since(start)
 
@@ -74,6 +81,7 @@ def _map_main(
     owner: str,
     where: str,
     collector: WorkerGC,
+    batched: bool,
 ) -> None:
     """Entry point of a map worker process of `owner` (the stage's name)."""
     outgoing = shm.Outgoing() if shm.ENABLED else None
@@ -90,7 +98,7 @@ def _map_main(
             task: Task | None = pickle.loads(frame)
             if task is None:
                 return
-            outputs, error, origin, busy = _apply(transform, task, owner)
+            outputs, error, origin, busy = _apply(transform, task, owner, batched)
             failure: ErrorReport | None = None
             if error is not None:
                 failure = report_error(error, f"{origin}, {where}")
@@ -141,6 +149,7 @@ class ProcessPool(Pool):
         num_processes: int,
         name: str,
         start_method: str | None,
+        batched: bool = False,
     ) -> None:
         context = get_context(name, start_method)
         method = context.get_start_method()
@@ -174,6 +183,7 @@ class ProcessPool(Pool):
                         name,
                         where,
                         worker_gc(),
+                        batched,
                     ),
                     name=f"infinibatch_like.{name}.worker-{index}",
                     daemon=False,
@@ -240,9 +250,11 @@ class ProcessPool(Pool):
 class ThreadPool(Pool):
     """`num_threads` threads, for transforms that release the GIL."""
 
-    def __init__(self, transform: Callable[[Any], Any], num_threads: int, name: str) -> None:
+    def __init__(
+        self, transform: Callable[[Any], Any], num_threads: int, name: str, batched: bool = False
+    ) -> None:
         super().__init__()
-        self._name = name
+        self._name, self._batched = name, batched
         self._tasks: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
         self._results: queue.SimpleQueue[Result] = queue.SimpleQueue()
         self._threads = [
@@ -260,7 +272,7 @@ class ThreadPool(Pool):
     def _run(self, transform: Callable[[Any], Any]) -> None:
         where = f"in a worker thread of {self._name}"
         while (task := self._tasks.get()) is not None:
-            outputs, error, origin, busy = _apply(transform, task, self._name)
+            outputs, error, origin, busy = _apply(transform, task, self._name, self._batched)
             failure = None if error is None else local_error(error, f"{origin}, {where}")
             self._results.put(Result(task.number, outputs, failure, busy))
 
