@@ -63,10 +63,11 @@ class BatchMapIterator(Stage[U]):
 
     Checkpoint:
         ``{"source", "offset"}``: the source's state at the start of the current batch
-        and the number of its outputs already yielded (< `batch_size`, or equal once the
-        batch is used up). Size: one source state plus an int. A restore reads that
-        batch again and calls `transform_batch` on it (at most `batch_size` re-read
-        items), then skips `offset` outputs.
+        and the number of its outputs already yielded (< `batch_size`; once a batch is
+        used up, the state points at the start of the next one). Size: one source state
+        plus an int. A restore with an offset reads that batch again and calls
+        `transform_batch` on it (at most `batch_size` - 1 re-read items), then skips
+        `offset` outputs.
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"source": dict, "offset": int}
@@ -94,14 +95,17 @@ class BatchMapIterator(Stage[U]):
     def _generate(self, skip: int) -> Iterator[U]:
         pull, size, transform = fast_iterator(self._source), self._batch_size, self._transform
         while True:
-            self._start, self._offset = source_state(self._source), skip
             items = list(islice(pull, size))
             if not items:
                 return
             outputs = batch_outputs(self._name, transform, items)
-            for output in islice(outputs, skip, None):
-                self._offset += 1
-                yield output
+            last = len(outputs) - 1
+            for index in range(skip, len(outputs)):
+                if index == last:  # the batch is used up: a restore starts at the next one
+                    self._start, self._offset = source_state(self._source), 0
+                else:
+                    self._offset = index + 1
+                yield outputs[index]
             skip = 0
 
     def _state(self) -> State:
@@ -111,9 +115,9 @@ class BatchMapIterator(Stage[U]):
         skip = 0
         if state is not None:
             skip = state["offset"]
-            if not 0 <= skip <= self._batch_size:
+            if not 0 <= skip < self._batch_size:
                 raise ValueError(
-                    f"{self._name}: the state's offset must be between 0 and batch_size "
+                    f"{self._name}: the state's offset must be >= 0 and < batch_size "
                     f"({self._batch_size}), got {skip}"
                 )
         self.restore_source(self._source, None if state is None else state["source"], "source")
