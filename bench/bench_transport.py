@@ -22,14 +22,12 @@ import multiprocessing
 import time
 from typing import Any
 
-import numpy as np
-
 import _util
+import numpy as np
 from _util import median, print_table, verdict
 
-
-from infinibatch_like._background import shm  # noqa: E402
-from infinibatch_like.iterators import NativeCheckpointableIterator, PrefetchIterator  # noqa: E402
+from infinibatch_like._background import shm
+from infinibatch_like.iterators import NativeCheckpointableIterator, PrefetchIterator
 
 MIB = 1 << 20
 

@@ -36,8 +36,8 @@ from typing import (  # noqa: UP035 - infinibatch's star import provides these n
 
 from ._background.errors import WorkerError
 from ._base import CheckpointableIterator, StateMismatchError
-from .batchmap import BatchMapIterator
 from .batching import BucketedReadaheadBatchIterator, FixedBatchIterator
+from .batchmap import BatchMapIterator
 from .flatten import SelectManyIterator
 from .mapping import MapIterator, SamplingRandomMapIterator
 from .multiplex import MultiplexIterator, MultiplexSourceExhaustedError, ZipIterator

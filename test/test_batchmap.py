@@ -136,7 +136,9 @@ def test_is_checkpointable() -> None:
     batch_size=st.integers(1, 12),
     cuts=st.lists(st.integers(0, 45), max_size=4),
 )
-def test_any_chain_of_restores_gives_the_per_item_map(n: int, batch_size: int, cuts: list[int]) -> None:
+def test_any_chain_of_restores_gives_the_per_item_map(
+    n: int, batch_size: int, cuts: list[int]
+) -> None:
     got: list[int] = []
     state = None
     for cut in [*sorted(cuts), 10**6]:
@@ -189,7 +191,7 @@ def test_parallel_batched_map_names_a_wrong_number_of_outputs(mode: str) -> None
 def test_parallel_batched_map_refuses_a_skip_policy() -> None:
     from infinibatch_like.records import SkipPolicy
 
-    with pytest.raises(ValueError, match="ParallelMapIterator: on_error=.* cannot be combined"):
+    with pytest.raises(ValueError, match=r"ParallelMapIterator: on_error=.* cannot be combined"):
         it.ParallelMapIterator(native(3), square_each, 1, 2, batched=True, on_error=SkipPolicy(1))
     with pytest.raises(TypeError, match="ParallelMapIterator: batched must be a bool"):
         it.ParallelMapIterator(native(3), square_each, 1, 2, batched=1)  # type: ignore[arg-type]

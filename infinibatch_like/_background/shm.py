@@ -34,6 +34,11 @@ Linux only (``/dev/shm``); elsewhere everything is pickled.
 
 from __future__ import annotations
 
+try:
+    import _posixshmem  # type: ignore[import-not-found]  # CPython's, POSIX only
+except ImportError:
+    _posixshmem = None
+import contextlib
 import ctypes
 import io
 import mmap
@@ -45,8 +50,6 @@ import time
 import weakref
 from collections.abc import Callable
 from typing import Any
-
-import _posixshmem
 
 THRESHOLD = 64 * 1024
 """Arrays and tensors smaller than this (bytes) are pickled through the pipe: below it
@@ -62,7 +65,7 @@ HEADER = 64
 """Bytes before a segment's data: the flag, then alignment padding."""
 
 SHM_DIR = "/dev/shm"
-ENABLED = sys.platform.startswith("linux") and os.path.isdir(SHM_DIR)
+ENABLED = _posixshmem is not None and sys.platform.startswith("linux") and os.path.isdir(SHM_DIR)
 """Whether the transport is used on this platform."""
 
 PROTOCOL = pickle.HIGHEST_PROTOCOL
@@ -77,7 +80,7 @@ def names_prefix(pid: int) -> str:
 
 
 class _Segment:
-    __slots__ = ("name", "capacity", "memory")
+    __slots__ = ("capacity", "memory", "name")
 
     def __init__(self, name: str, capacity: int) -> None:
         fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
@@ -151,7 +154,7 @@ class Outgoing:
     def put_tensor(self, tensor: Any, torch: Any, np: Any) -> Any:
         """The reduction of CPU tensor `tensor` through a segment, or NotImplemented."""
         shape, strides = tuple(tensor.shape), tuple(tensor.stride())
-        extent = 1 + sum((size - 1) * stride for size, stride in zip(shape, strides))
+        extent = 1 + sum((size - 1) * stride for size, stride in zip(shape, strides, strict=False))
         span = tensor.as_strided((extent,), (1,), tensor.storage_offset())
         raw = span.view(torch.uint8).numpy()
         reduced = self.put(raw, np)
@@ -193,10 +196,8 @@ class Outgoing:
         """Unlink the names of the segments that the receiver has not mapped (safe from
         any thread, any number of times; what is mapped stays valid)."""
         for segment in list(self._segments):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 _posixshmem.shm_unlink("/" + segment.name)
-            except FileNotFoundError:
-                pass
 
 
 class _Pickler(pickle.Pickler):
@@ -322,7 +323,5 @@ def remove_names(pid: int) -> None:
     except OSError:
         return
     for name in names:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             _posixshmem.shm_unlink("/" + name)
-        except FileNotFoundError:
-            pass
