@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 import torch
 
+from _leaks import open_fds
+
 import infinibatch_like.iterators as it
 from infinibatch_like import WorkerError
 from infinibatch_like._background import shm
@@ -161,6 +163,15 @@ def test_an_item_the_consumer_holds_is_never_overwritten() -> None:
             assert int(item[-1]) == i
     assert [int(a[0]) for a in held] == [0, 1, 2, 3, 4]
     assert all((a == i).all() for i, a in enumerate(held))
+
+
+def test_held_items_hold_no_file_descriptors() -> None:
+    with it.PrefetchIterator(it.MapIterator(native(60), keep_forever), 8) as pipeline:
+        next(pipeline)
+        before = open_fds()
+        held = [next(pipeline) for _ in range(40)]
+        assert open_fds() <= before
+    assert [int(a[0]) for a in held] == list(range(1, 41))
 
 
 def test_when_every_segment_is_held_arrays_are_pickled(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -39,7 +39,9 @@ try:
 except ImportError:
     _posixshmem = None
 import contextlib
+import contextlib
 import ctypes
+import functools
 import io
 import mmap
 import os
@@ -76,6 +78,71 @@ def names_prefix(pid: int) -> str:
     return f"ibl_{pid}_"
 
 
+class _Mapping:
+    """A segment mapped into this process; unmapped when collected (or `close`d).
+
+    Mapped with libc's ``mmap``, not the `mmap` module, whose objects each keep a file
+    descriptor open: a consumer holding many items would hold as many descriptors. Its
+    first byte is the segment's flag; `buffer` gives a ctypes array over a part of it
+    that keeps the mapping alive."""
+
+    __slots__ = ("__weakref__", "address", "length")
+
+    def __init__(self, fd: int, length: int) -> None:
+        address = _libc.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+        if address is None or address == _MAP_FAILED:
+            error = ctypes.get_errno()
+            raise OSError(error, f"cannot map a shared-memory segment: {os.strerror(error)}")
+        self.address, self.length = address, length
+
+    @property
+    def flag(self) -> int:
+        return ctypes.c_ubyte.from_address(self.address).value
+
+    @flag.setter
+    def flag(self, value: int) -> None:
+        ctypes.c_ubyte.from_address(self.address).value = value
+
+    def buffer(self, offset: int, size: int) -> Any:
+        view = _view_type(size).from_address(self.address + offset)
+        view.mapping = self
+        return view
+
+    def close(self) -> None:
+        if self.address:
+            _libc.munmap(self.address, self.length)
+            self.address = 0
+
+    def __del__(self) -> None:
+        self.close()
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long
+]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+@functools.lru_cache(maxsize=256)
+def _view_type(size: int) -> Any:
+    """A ctypes array type of `size` bytes whose instances take attributes."""
+    return type(f"segment_view_{size}", (ctypes.c_char * size,), {})
+
+
+def _mapped(name: str, length: int, flags: int) -> _Mapping:
+    """Open (`flags`: os.O_CREAT... to create it) and map the segment `name`."""
+    fd = _posixshmem.shm_open("/" + name, flags, 0o600)
+    try:
+        if flags & os.O_CREAT:
+            os.ftruncate(fd, length)
+        return _Mapping(fd, length)
+    finally:
+        os.close(fd)
+
+
 # -- the sender ----------------------------------------------------------------------------
 
 
@@ -83,15 +150,12 @@ class _Segment:
     __slots__ = ("capacity", "memory", "name")
 
     def __init__(self, name: str, capacity: int) -> None:
-        fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, HEADER + capacity)
-            self.memory = mmap.mmap(fd, HEADER + capacity)
+            self.memory = _mapped(name, HEADER + capacity, os.O_CREAT | os.O_EXCL | os.O_RDWR)
         except BaseException:
-            _posixshmem.shm_unlink("/" + name)
+            with contextlib.suppress(FileNotFoundError):
+                _posixshmem.shm_unlink("/" + name)
             raise
-        finally:
-            os.close(fd)
         self.name, self.capacity = name, capacity
 
 
@@ -113,7 +177,7 @@ class Outgoing:
 
     def _take(self, size: int) -> _Segment | None:
         """A free segment of at least `size` bytes, new if need be; None if none can be."""
-        free = [s for s in self._segments if s.memory[0] == 0]
+        free = [s for s in self._segments if s.memory.flag == 0]
         fitting = [s for s in free if s.capacity >= size]
         if fitting:
             return min(fitting, key=lambda s: s.capacity)
@@ -142,10 +206,9 @@ class Outgoing:
             return NotImplemented
         fortran = obj.flags.f_contiguous and not obj.flags.c_contiguous
         order = "F" if fortran else "C"
-        target = np.ndarray(obj.shape, obj.dtype, segment.memory, HEADER, order=order)
-        target[...] = obj
-        del target  # releases its export of the mapping
-        segment.memory[0] = 1
+        buffer = segment.memory.buffer(HEADER, obj.nbytes)
+        np.ndarray(obj.shape, obj.dtype, buffer, order=order)[...] = obj
+        segment.memory.flag = 1
         self._sending.append(segment)
         retired, self._retired = tuple(self._retired), []
         reference = (segment.name, segment.capacity, obj.nbytes, retired)
@@ -173,7 +236,7 @@ class Outgoing:
             _Pickler(file, self).dump(obj)
         except BaseException:
             for segment in self._sending:
-                segment.memory[0] = 0
+                segment.memory.flag = 0
             for segment in self._fresh:  # never sent: gone again
                 self._segments.remove(segment)
                 _posixshmem.shm_unlink("/" + segment.name)
@@ -245,16 +308,15 @@ def encode(obj: Any, outgoing: Outgoing | None) -> bytes:
 
 # -- the receiver --------------------------------------------------------------------------
 
-_MAPPED: dict[str, mmap.mmap] = {}
+_MAPPED: dict[str, _Mapping] = {}
 """This process's mappings of the segments it received, by name."""
 
 os.register_at_fork(after_in_child=_MAPPED.clear)
 
 
-def _release(memory: mmap.mmap) -> None:
+def _release(memory: _Mapping) -> None:
     """The receiver dropped its last view of a segment: the sender may reuse it."""
-    if not memory.closed:
-        memory[0] = 0
+    memory.flag = 0
 
 
 def _delivered(reference: tuple[str, int, int, tuple[str, ...]]) -> Any:
@@ -268,19 +330,17 @@ def _delivered(reference: tuple[str, int, int, tuple[str, ...]]) -> Any:
     memory = _MAPPED.get(name)
     if memory is None:
         try:
-            fd = _posixshmem.shm_open("/" + name, os.O_RDWR, 0o600)
+            memory = _mapped(name, HEADER + capacity, os.O_RDWR)
         except FileNotFoundError:
             raise RuntimeError(
                 f"the shared-memory segment {name} of a worker process is gone (the worker "
                 "was stopped before its message was read)"
             ) from None
-        try:
-            memory = mmap.mmap(fd, HEADER + capacity)
         finally:
-            os.close(fd)
-            _posixshmem.shm_unlink("/" + name)
+            with contextlib.suppress(FileNotFoundError):
+                _posixshmem.shm_unlink("/" + name)
         _MAPPED[name] = memory
-    view = (ctypes.c_char * size).from_buffer(memory, HEADER)
+    view = memory.buffer(HEADER, size)
     weakref.finalize(view, _release, memory)
     return view
 
