@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-
 from _leaks import open_fds
 
 import infinibatch_like.iterators as it

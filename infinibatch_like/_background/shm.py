@@ -34,11 +34,6 @@ Linux only (``/dev/shm``); elsewhere everything is pickled.
 
 from __future__ import annotations
 
-try:
-    import _posixshmem  # type: ignore[import-not-found]  # CPython's, POSIX only
-except ImportError:
-    _posixshmem = None
-import contextlib
 import contextlib
 import ctypes
 import functools
@@ -52,6 +47,11 @@ import time
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+try:
+    import _posixshmem  # type: ignore[import-not-found]  # CPython's, POSIX only
+except ImportError:
+    _posixshmem = None
 
 THRESHOLD = 64 * 1024
 """Arrays and tensors smaller than this (bytes) are pickled through the pipe: below it
@@ -120,7 +120,12 @@ class _Mapping:
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = [
-    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
 ]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
