@@ -3,9 +3,9 @@
 ``python bench/fault_loop.py WORKDIR CORPUS --batches N --every K --start-method M
 --prefetch-mode P --nesting {flat,nested} [--arrays]`` trains on N batches (a
 "model" that counts its steps and digests what it saw; 5 ms of work a step), reading two
-gzip-chunked data sets through chunk read-ahead, weighted mixing, a prefetcher, a parallel map and bucketing
-(with ``--arrays`` the parallel map adds a 72 kB numpy array to each item, which the
-worker processes send through shared memory).
+gzip-chunked data sets through chunk read-ahead, weighted mixing, a prefetcher, a parallel
+map and bucketing (with ``--arrays`` the parallel map adds a 72 kB numpy array to each
+item, which the worker processes send through shared memory).
 Every K steps it fsyncs the consumed log and saves the model and the data state with
 `save_checkpoint` (``WORKDIR/ckpt-{step}.json``, the last 2 kept). Every batch it takes
 is appended to ``WORKDIR/consumed.log`` (one JSON line, flushed, not fsync'd).
