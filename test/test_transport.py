@@ -164,6 +164,17 @@ def test_an_item_the_consumer_holds_is_never_overwritten() -> None:
     assert all((a == i).all() for i, a in enumerate(held))
 
 
+def test_a_forked_child_dropping_its_copy_of_an_item_leaves_the_item_held() -> None:
+    with it.PrefetchIterator(it.MapIterator(native(300), keep_forever), 8) as pipeline:
+        held = [next(pipeline) for _ in range(3)]
+        child = multiprocessing.get_context("fork").Process(target=held.clear)
+        child.start()
+        child.join()
+        for i, item in enumerate(pipeline, start=3):
+            assert int(item[0]) == i
+    assert all((a == i).all() for i, a in enumerate(held))
+
+
 def test_held_items_hold_no_file_descriptors() -> None:
     with it.PrefetchIterator(it.MapIterator(native(60), keep_forever), 8) as pipeline:
         next(pipeline)

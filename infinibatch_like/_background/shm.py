@@ -86,14 +86,14 @@ class _Mapping:
     first byte is the segment's flag; `buffer` gives a ctypes array over a part of it
     that keeps the mapping alive."""
 
-    __slots__ = ("__weakref__", "address", "length")
+    __slots__ = ("__weakref__", "address", "length", "pid")
 
     def __init__(self, fd: int, length: int) -> None:
         address = _libc.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
         if address is None or address == _MAP_FAILED:
             error = ctypes.get_errno()
             raise OSError(error, f"cannot map a shared-memory segment: {os.strerror(error)}")
-        self.address, self.length = address, length
+        self.address, self.length, self.pid = address, length, os.getpid()
 
     @property
     def flag(self) -> int:
@@ -320,8 +320,10 @@ os.register_at_fork(after_in_child=_MAPPED.clear)
 
 
 def _release(memory: _Mapping) -> None:
-    """The receiver dropped its last view of a segment: the sender may reuse it."""
-    memory.flag = 0
+    """The receiver dropped its last view of a segment: the sender may reuse it (not when
+    a forked child drops its copy of the view: the receiver may still hold it)."""
+    if memory.pid == os.getpid():
+        memory.flag = 0
 
 
 def _delivered(reference: tuple[str, int, int, tuple[str, ...]]) -> Any:
