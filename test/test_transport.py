@@ -150,6 +150,19 @@ def test_items_arrive_as_pickle_delivers_them_large_arrays_through_shared_memory
     assert segments() <= before  # each segment was unlinked as soon as it was mapped
 
 
+def seen_in_shared_memory(array: np.ndarray) -> tuple[bool, int]:
+    return via_shared_memory(array), int(array[-1])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_items_sent_to_map_workers_go_through_shared_memory(method: str) -> None:
+    before = segments()
+    source = it.MapIterator(native(30), keep_forever)
+    with it.ParallelMapIterator(source, seen_in_shared_memory, 2, 3, start_method=method) as p:
+        assert list(p) == [(True, i) for i in range(30)]
+    assert wait_until(lambda: segments() <= before), segments() - before
+
+
 def keep_forever(i: int) -> np.ndarray:
     return np.full(100_000, i, dtype=np.int64)
 
@@ -270,9 +283,12 @@ CONSUMER = textwrap.dedent(
     def item(i):
         return np.full(100_000, i)
 
+    def double(array):
+        return 2 * array
+
     if __name__ == "__main__":
-        source = it.NativeCheckpointableIterator(list(range(1000)))
-        inner = it.ParallelMapIterator(source, item, 2, 2, start_method=sys.argv[1])
+        source = it.MapIterator(it.NativeCheckpointableIterator(list(range(1000))), item)
+        inner = it.ParallelMapIterator(source, double, 2, 2, start_method=sys.argv[1])
         pipeline = it.PrefetchIterator(inner, 32, start_method=sys.argv[1])
         next(pipeline)
         print("ready", flush=True)

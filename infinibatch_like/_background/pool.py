@@ -82,10 +82,20 @@ def _map_main(
     where: str,
     collector: WorkerGC,
     batched: bool,
+    incoming: str | None,
 ) -> None:
-    """Entry point of a map worker process of `owner` (the stage's name)."""
+    """Entry point of a map worker process of `owner` (the stage's name); `incoming`: the
+    prefix of the names of the segments of the tasks it is sent (None: no transport)."""
     outgoing = shm.Outgoing() if shm.ENABLED else None
-    worker_setup(parent, outgoing.unlink_names if outgoing else lambda: None, collector)
+
+    def unlink_names() -> None:
+        """What neither side will map any more: results not read, tasks not received."""
+        if outgoing is not None:
+            outgoing.unlink_names()
+        if incoming is not None:
+            shm.remove_prefixed(incoming)
+
+    worker_setup(parent, unlink_names, collector)
     if payload is not None:
         transform = pickle.loads(payload)
     assert transform is not None
@@ -108,9 +118,8 @@ def _map_main(
                 failure = report_error(error, f"{where}, pickling the transform's outputs")
                 data = pickle.dumps(Result(task.number, [], failure), wire.PROTOCOL)
             wire.write_frame(out, data)
-    finally:  # stopped: what the consumer did not map is of no use to it
-        if outgoing is not None:
-            outgoing.unlink_names()
+    finally:  # stopped: what the other side did not map is of no use to it
+        unlink_names()
 
 
 class _Sender:
@@ -165,6 +174,7 @@ class ProcessPool(Pool):
         self._task_fds: list[int] = []
         self._unfinished: list[int] = []
         self._worker_of: dict[int, int] = {}  # task number -> worker index
+        self._outgoing: list[shm.Outgoing | None] = []  # the segments of each one's tasks
         self._poll = select.poll()
         self._sender = _Sender(name)
         try:
@@ -172,6 +182,8 @@ class ProcessPool(Pool):
                 task_reader, task_writer = context.Pipe(duplex=False)
                 result_reader, result_writer = context.Pipe(duplex=False)
                 self._pipes += [task_writer, result_reader]
+                outgoing = shm.Outgoing() if shm.ENABLED else None
+                self._outgoing.append(outgoing)
                 process: BaseProcess = context.Process(  # type: ignore[attr-defined]
                     target=_map_main,
                     args=(
@@ -184,6 +196,7 @@ class ProcessPool(Pool):
                         where,
                         worker_gc(),
                         batched,
+                        None if outgoing is None else outgoing.prefix,
                     ),
                     name=f"infinibatch_like.{name}.worker-{index}",
                     daemon=False,
@@ -206,7 +219,7 @@ class ProcessPool(Pool):
         index = self._unfinished.index(min(self._unfinished))
         self._unfinished[index] += 1
         self._worker_of[task.number] = index
-        self._sender.send(self._task_fds[index], pickle.dumps(task, wire.PROTOCOL))
+        self._sender.send(self._task_fds[index], shm.encode(task, self._outgoing[index]))
 
     def receive(self) -> Result:
         while True:
@@ -239,6 +252,10 @@ class ProcessPool(Pool):
             process.close()
         self._processes = []
         self._sender.stop()
+        for outgoing in self._outgoing:  # tasks that no worker will read
+            if outgoing is not None:
+                outgoing.unlink_names()
+        self._outgoing = []
         for pipe in self._pipes:
             pipe.close()
         self._pipes = []

@@ -1,5 +1,6 @@
-"""The shared-memory transport: numpy arrays and torch tensors inside the messages of a
-worker process travel through shared memory instead of being pickled through a pipe.
+"""The shared-memory transport: numpy arrays and torch tensors inside the messages between
+a worker process and its consumer (both ways) travel through shared memory instead of
+being pickled through a pipe.
 
 The sender (`Outgoing`, one per pipe) pickles a message with `encode`: every numpy array
 and CPU torch tensor of at least `THRESHOLD` bytes, wherever pickle finds it (nested in
@@ -168,7 +169,8 @@ class Outgoing:
     """The segments of one sender (one pipe): at most `MAX_SEGMENTS` and `MAX_BYTES`."""
 
     def __init__(self) -> None:
-        self._prefix = f"{names_prefix(os.getpid())}{secrets.token_hex(4)}_"
+        self.prefix = f"{names_prefix(os.getpid())}{secrets.token_hex(4)}_"
+        """The prefix of its segments' names."""
         self._max_segments, self._max_bytes = MAX_SEGMENTS, MAX_BYTES
         self._segments: list[_Segment] = []
         self._created = 0
@@ -197,7 +199,7 @@ class Outgoing:
             segment.memory.close()
         if len(self._segments) >= self._max_segments or used + capacity > self._max_bytes:
             return None
-        segment = _Segment(f"{self._prefix}{self._created}", capacity)
+        segment = _Segment(f"{self.prefix}{self._created}", capacity)
         self._created += 1
         self._segments.append(segment)
         self._fresh.append(segment)
@@ -382,9 +384,13 @@ def forget(pid: int) -> None:
 def remove_names(pid: int) -> None:
     """Unlink what named segments process `pid` (a stopped sender) left, and `forget` it."""
     forget(pid)
+    remove_prefixed(names_prefix(pid))
+
+
+def remove_prefixed(prefix: str) -> None:
+    """Unlink the segments whose names start with `prefix` (those of a stopped sender)."""
     if not ENABLED:
         return
-    prefix = names_prefix(pid)
     try:
         names = [name for name in os.listdir(SHM_DIR) if name.startswith(prefix)]
     except OSError:
