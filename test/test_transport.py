@@ -41,6 +41,19 @@ def _single_threaded_torch() -> Iterator[None]:
 
 
 def segments() -> set[str]:
+    """The transport's segments in /dev/shm, except those of other programs' live
+    processes (another test run, a benchmark): this process's and dead processes'."""
+    names = set()
+    for name in os.listdir(shm.SHM_DIR):
+        if name.startswith("ibl_"):
+            pid = int(name.split("_")[1])
+            if pid == os.getpid() or not os.path.exists(f"/proc/{pid}"):
+                names.add(name)
+    return names
+
+
+def live_segments() -> set[str]:
+    """Every segment of the transport in /dev/shm."""
     return {name for name in os.listdir(shm.SHM_DIR) if name.startswith("ibl_")}
 
 
@@ -205,6 +218,19 @@ def test_when_every_segment_is_held_arrays_are_pickled(monkeypatch: pytest.Monke
     assert sum(map(via_shared_memory, held)) == 3
 
 
+def test_a_full_dev_shm_falls_back_to_pickling(monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    before = segments()
+    monkeypatch.setattr(os, "posix_fallocate", full)  # in the forked worker too
+    with it.PrefetchIterator(it.MapIterator(native(10), keep_forever), 4, start_method="fork") as p:
+        held = list(p)
+    assert [int(a[5]) for a in held] == list(range(10))
+    assert not any(map(via_shared_memory, held))
+    assert segments() <= before
+
+
 def test_states_are_those_without_the_transport_and_restore_exactly(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -265,7 +291,7 @@ def test_a_killed_worker_leaves_no_segment(method: str) -> None:
     next(pipeline)
     time.sleep(0.5)
     (pid,) = worker_pids()
-    assert any(name.startswith(shm.names_prefix(pid)) for name in segments())
+    assert any(name.startswith(shm.names_prefix(pid)) for name in live_segments())
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(WorkerError, match="died"):
         for _ in pipeline:
@@ -301,7 +327,7 @@ CONSUMER = textwrap.dedent(
 def test_a_killed_consumer_leaves_no_segment(method: str, tmp_path: Any) -> None:
     script = tmp_path / "consumer.py"
     script.write_text(CONSUMER)
-    before = segments()
+    before = live_segments()
     env = {**os.environ, "PYTHONPATH": REPO}
     consumer = subprocess.Popen(
         [sys.executable, str(script), method], stdout=subprocess.PIPE, env=env, text=True
@@ -309,7 +335,7 @@ def test_a_killed_consumer_leaves_no_segment(method: str, tmp_path: Any) -> None
     assert consumer.stdout is not None
     assert consumer.stdout.readline().strip() == "ready"
     time.sleep(0.5)
-    assert segments() - before  # segments wait in the workers' pipes
+    assert live_segments() - before  # segments wait in the workers' pipes
     consumer.kill()
     consumer.wait()
     assert wait_until(lambda: segments() <= before), segments() - before

@@ -144,6 +144,9 @@ def _mapped(name: str, length: int, flags: int) -> _Mapping:
     try:
         if flags & os.O_CREAT:
             os.ftruncate(fd, length)
+            # Reserve the pages now: on a full /dev/shm (a container's 64 MiB), writing to
+            # a page that cannot be allocated kills the process with SIGBUS.
+            os.posix_fallocate(fd, 0, length)
         return _Mapping(fd, length)
     finally:
         os.close(fd)
@@ -199,7 +202,10 @@ class Outgoing:
             segment.memory.close()
         if len(self._segments) >= self._max_segments or used + capacity > self._max_bytes:
             return None
-        segment = _Segment(f"{self.prefix}{self._created}", capacity)
+        try:
+            segment = _Segment(f"{self.prefix}{self._created}", capacity)
+        except OSError:  # no room in /dev/shm: pickle through the pipe
+            return None
         self._created += 1
         self._segments.append(segment)
         self._fresh.append(segment)
