@@ -25,8 +25,8 @@ Ownership, so that a segment is unlinked exactly once whoever dies:
 Reuse: the sender reuses a segment only after the receiver released it. The first byte
 of a segment is its flag: the sender sets it when it sends the segment, the receiver
 clears it when the last array or tensor viewing it (the item, its slices, views,
-``torch.from_numpy`` of it...) is garbage collected (a `weakref.finalize` on the
-delivered buffer). An item the user keeps is never overwritten. When every segment is
+``torch.from_numpy`` of it...) is garbage collected (the ``__del__`` of the delivered
+buffer). An item the user keeps is never overwritten. When every segment is
 held and the pool is at its limits, arrays are pickled through the pipe (a copy) until
 some are released.
 
@@ -45,7 +45,6 @@ import pickle
 import secrets
 import sys
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -87,7 +86,7 @@ class _Mapping:
     first byte is the segment's flag; `buffer` gives a ctypes array over a part of it
     that keeps the mapping alive."""
 
-    __slots__ = ("__weakref__", "address", "length", "pid")
+    __slots__ = ("_flag", "address", "length", "pid")
 
     def __init__(self, fd: int, length: int) -> None:
         address = _libc.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
@@ -95,17 +94,20 @@ class _Mapping:
             error = ctypes.get_errno()
             raise OSError(error, f"cannot map a shared-memory segment: {os.strerror(error)}")
         self.address, self.length, self.pid = address, length, os.getpid()
+        self._flag = ctypes.c_ubyte.from_address(address)
 
     @property
     def flag(self) -> int:
-        return ctypes.c_ubyte.from_address(self.address).value
+        value: int = self._flag.value
+        return value
 
     @flag.setter
     def flag(self, value: int) -> None:
-        ctypes.c_ubyte.from_address(self.address).value = value
+        self._flag.value = value
 
-    def buffer(self, offset: int, size: int) -> Any:
-        view = _view_type(size).from_address(self.address + offset)
+    def buffer(self, offset: int, size: int, releasing: bool = False) -> Any:
+        """`size` bytes at `offset`; `releasing`: clear the flag once they are collected."""
+        view = _view_type(size, releasing).from_address(self.address + offset)
         view.mapping = self
         return view
 
@@ -133,9 +135,11 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 @functools.lru_cache(maxsize=256)
-def _view_type(size: int) -> Any:
-    """A ctypes array type of `size` bytes whose instances take attributes."""
-    return type(f"segment_view_{size}", (ctypes.c_char * size,), {})
+def _view_type(size: int, releasing: bool) -> Any:
+    """A ctypes array type of `size` bytes whose instances take attributes; `releasing`:
+    whose instances `_release` their mapping when collected."""
+    namespace = {"__del__": lambda self: _release(self.mapping)} if releasing else {}
+    return type(f"segment_view_{size}", (ctypes.c_char * size,), namespace)
 
 
 def _mapped(name: str, length: int, flags: int) -> _Mapping:
@@ -225,7 +229,9 @@ class Outgoing:
         self._sending.append(segment)
         retired, self._retired = tuple(self._retired), []
         reference = (segment.name, segment.capacity, obj.nbytes, retired)
-        return _attach_array, (reference, obj.dtype, obj.shape, order)
+        dtype = obj.dtype
+        plain = dtype.fields is None and dtype.subdtype is None and dtype.metadata is None
+        return _attach_array, (reference, dtype.str if plain else dtype, obj.shape, order)
 
     def put_tensor(self, tensor: Any, torch: Any, np: Any) -> Any:
         """The reduction of CPU tensor `tensor` through a segment, or NotImplemented."""
@@ -355,9 +361,7 @@ def _delivered(reference: tuple[str, int, int, tuple[str, ...]]) -> Any:
             with contextlib.suppress(FileNotFoundError):
                 _posixshmem.shm_unlink("/" + name)
         _MAPPED[name] = memory
-    view = memory.buffer(HEADER, size)
-    weakref.finalize(view, _release, memory)
-    return view
+    return memory.buffer(HEADER, size, releasing=True)
 
 
 def _attach_array(
