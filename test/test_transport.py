@@ -201,6 +201,18 @@ def test_a_forked_child_dropping_its_copy_of_an_item_leaves_the_item_held() -> N
     assert all((a == i).all() for i, a in enumerate(held))
 
 
+def test_a_worker_runs_ahead_by_about_its_buffer_not_by_what_the_pipe_holds() -> None:
+    with it.PrefetchIterator(it.MapIterator(native(500), keep_forever), 8) as pipeline:
+        next(pipeline)
+        time.sleep(1.0)  # small messages: the pipe alone would hold hundreds
+        (pid,) = worker_pids()
+        prefix = shm.names_prefix(pid)
+        unmapped = [name for name in live_segments() if name.startswith(prefix)]
+        mapped = [name for name in shm._MAPPED if name.startswith(prefix)]
+        assert len(unmapped) + len(mapped) <= 3 * 8
+        assert [int(a[0]) for a in pipeline] == list(range(1, 500))
+
+
 def test_held_items_hold_no_file_descriptors() -> None:
     with it.PrefetchIterator(it.MapIterator(native(60), keep_forever), 8) as pipeline:
         next(pipeline)

@@ -303,7 +303,8 @@ def _producer_main(
     """Entry point of a producer worker process; `produced` (a shared counter, None while
     statistics are off) counts the items it produces."""
     holder: list[Any] = [production.source]
-    outgoing = shm.Outgoing() if shm.ENABLED else None
+    # Ahead by about `capacity` items, as when the pipe's bytes bounded it.
+    outgoing = shm.Outgoing(max(2, capacity)) if shm.ENABLED else None
 
     def close_pipeline() -> None:
         if outgoing is not None:

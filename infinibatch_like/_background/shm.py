@@ -86,7 +86,7 @@ class _Mapping:
     first byte is the segment's flag; `buffer` gives a ctypes array over a part of it
     that keeps the mapping alive."""
 
-    __slots__ = ("_flag", "address", "length", "pid")
+    __slots__ = ("_flag", "_received", "address", "length", "pid")
 
     def __init__(self, fd: int, length: int) -> None:
         address = _libc.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
@@ -95,6 +95,7 @@ class _Mapping:
             raise OSError(error, f"cannot map a shared-memory segment: {os.strerror(error)}")
         self.address, self.length, self.pid = address, length, os.getpid()
         self._flag = ctypes.c_ubyte.from_address(address)
+        self._received = ctypes.c_ubyte.from_address(address + 1)
 
     @property
     def flag(self) -> int:
@@ -104,6 +105,16 @@ class _Mapping:
     @flag.setter
     def flag(self, value: int) -> None:
         self._flag.value = value
+
+    @property
+    def received(self) -> int:
+        """The segment's second byte: set by the receiver when it decodes the message."""
+        value: int = self._received.value
+        return value
+
+    @received.setter
+    def received(self, value: int) -> None:
+        self._received.value = value
 
     def buffer(self, offset: int, size: int, releasing: bool = False) -> Any:
         """`size` bytes at `offset`; `releasing`: clear the flag once they are collected."""
@@ -175,9 +186,13 @@ class _Segment:
 class Outgoing:
     """The segments of one sender (one pipe): at most `MAX_SEGMENTS` and `MAX_BYTES`."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_unread: int | None = None) -> None:
         self.prefix = f"{names_prefix(os.getpid())}{secrets.token_hex(4)}_"
         """The prefix of its segments' names."""
+        self._max_unread = max_unread
+        """Segments sent and not yet decoded by the receiver at most (None: no bound): a
+        sender ahead by that many waits. The pipe holds hundreds of small messages, so
+        its size no longer bounds how far ahead the sender runs."""
         self._max_segments, self._max_bytes = MAX_SEGMENTS, MAX_BYTES
         self._segments: list[_Segment] = []
         self._created = 0
@@ -189,8 +204,20 @@ class Outgoing:
         self._fresh: list[_Segment] = []
         """... and those created for it."""
 
+    def _unread(self) -> int:
+        sending = self._sending
+        return sum(
+            s.memory.flag == 1 and s.memory.received == 0 and s not in sending
+            for s in self._segments
+        )
+
     def _take(self, size: int) -> _Segment | None:
         """A free segment of at least `size` bytes, new if need be; None if none can be."""
+        if self._max_unread is not None:
+            pause = 0.0002
+            while self._unread() >= self._max_unread:  # like a full pipe
+                time.sleep(pause)
+                pause = min(2 * pause, 0.01)
         free = [s for s in self._segments if s.memory.flag == 0]
         fitting = [s for s in free if s.capacity >= size]
         if fitting:
@@ -225,7 +252,7 @@ class Outgoing:
         order = "F" if fortran else "C"
         buffer = segment.memory.buffer(HEADER, obj.nbytes)
         np.ndarray(obj.shape, obj.dtype, buffer, order=order)[...] = obj
-        segment.memory.flag = 1
+        segment.memory.received, segment.memory.flag = 0, 1
         self._sending.append(segment)
         retired, self._retired = tuple(self._retired), []
         reference = (segment.name, segment.capacity, obj.nbytes, retired)
@@ -361,6 +388,7 @@ def _delivered(reference: tuple[str, int, int, tuple[str, ...]]) -> Any:
             with contextlib.suppress(FileNotFoundError):
                 _posixshmem.shm_unlink("/" + name)
         _MAPPED[name] = memory
+    memory.received = 1
     return memory.buffer(HEADER, size, releasing=True)
 
 
