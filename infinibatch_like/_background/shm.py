@@ -203,6 +203,9 @@ class Outgoing:
         """The segments of the message being pickled..."""
         self._fresh: list[_Segment] = []
         """... and those created for it."""
+        self._file = io.BytesIO()
+        self._pickler = _Pickler(self._file, self)
+        """Reused from message to message (making one costs as much as a small message)."""
 
     def _unread(self) -> int:
         sending = self._sending
@@ -277,9 +280,11 @@ class Outgoing:
         fails, the segments it took are given back (and the error raised)."""
         newest, retired = self._newest, list(self._retired)
         self._sending, self._fresh = [], []
-        file = io.BytesIO()
+        file, pickler = self._file, self._pickler
+        file.seek(0)
+        file.truncate()
         try:
-            _Pickler(file, self).dump(obj)
+            pickler.dump(obj)
         except BaseException:
             for segment in self._sending:
                 segment.memory.flag = 0
@@ -291,6 +296,7 @@ class Outgoing:
             raise
         finally:
             self._sending, self._fresh = [], []
+            pickler.clear_memo()  # holds the message's objects
         return file.getvalue()
 
     def wait_taken(self, alive: Callable[[], bool], poll_s: float = 0.02) -> None:
@@ -315,18 +321,16 @@ class _Pickler(pickle.Pickler):
     def __init__(self, file: io.BytesIO, outgoing: Outgoing) -> None:
         super().__init__(file, PROTOCOL)
         self._outgoing = outgoing
-        self._np = sys.modules.get("numpy")
-        torch = sys.modules.get("torch")
-        self._torch = torch if torch is not None and hasattr(torch, "Tensor") else None
 
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
-        np, torch = self._np, self._torch
+        modules = sys.modules  # imported now, maybe not when this pickler was made
+        np, torch = modules.get("numpy"), modules.get("torch")
         if np is not None and kind is np.ndarray:
             if obj.nbytes < THRESHOLD or obj.dtype.hasobject:
                 return NotImplemented
             return self._outgoing.put(obj, np)
-        if torch is not None and kind is torch.Tensor and _plain_tensor(obj, torch):
+        if kind is getattr(torch, "Tensor", None) and _plain_tensor(obj, torch):
             return self._outgoing.put_tensor(obj, torch, np)
         return NotImplemented
 
