@@ -306,11 +306,21 @@ def _producer_main(
     # Ahead by about `capacity` items, as when the pipe's bytes bounded it.
     outgoing = shm.Outgoing(max(2, capacity)) if shm.ENABLED else None
 
+    closing = threading.Lock()
+    closed: list[bool] = []
+
     def close_pipeline() -> None:
-        if outgoing is not None:
-            outgoing.unlink_names()
-        if hasattr(holder[0], "close"):
-            holder[0].close()
+        """Once, by the main thread at the end or by the watch thread on SIGTERM (which
+        may come while the main thread, at its end, waits for the consumer to take
+        everything: it must not stop the pipeline's own workers under the other)."""
+        with closing:
+            if closed:
+                return
+            closed.append(True)
+            if outgoing is not None:
+                outgoing.unlink_names()
+            if hasattr(holder[0], "close"):
+                holder[0].close()
 
     worker_setup(parent, close_pipeline, collector)
     pace = Pace(production.max_batch)
