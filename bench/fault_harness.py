@@ -66,12 +66,15 @@ class Config:
     start_method: str = "fork"
     prefetch_mode: str = "process"
     nesting: str = "flat"
+    arrays: bool = False
+    """Items carry a numpy array that worker processes send through shared memory."""
 
     @property
     def layout(self) -> str:
+        arrays = " (+arrays)" if self.arrays else ""
         if self.nesting == "flat":
-            return f"prefetch({self.prefetch_mode}) -> map"
-        return f"map inside prefetch({self.prefetch_mode})"
+            return f"prefetch({self.prefetch_mode}) -> map{arrays}"
+        return f"map inside prefetch({self.prefetch_mode}){arrays}"
 
 
 @dataclass
@@ -141,6 +144,7 @@ class Campaign:
             f"--start-method={self.config.start_method}",
             f"--prefetch-mode={self.config.prefetch_mode}",
             f"--nesting={self.config.nesting}",
+            *(["--arrays"] if self.config.arrays else []),
         ]
 
     def consumed(self) -> list[str]:

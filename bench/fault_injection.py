@@ -12,6 +12,10 @@ leaks) and writes it, with every leak and failure, to ``bench/results/fault_inje
     python bench/fault_injection.py              # 60 campaigns x 2 kills: ~10 minutes
     python bench/fault_injection.py --kills 1 --start-methods fork   # a quick look
     python bench/fault_injection.py --fanout     # also kill consumer processes of a FanOut
+    python bench/fault_injection.py --arrays --kinds "loop SIGKILL" "worker SIGKILL" --kills 3
+        # items with numpy arrays: the shared-memory transport under consumer and worker kills
+
+With ``--arrays`` the results go to ``bench/results/fault_injection-arrays.json``.
 """
 
 from __future__ import annotations
@@ -43,6 +47,11 @@ def main() -> int:
         action="store_true",
         help="also SIGKILL a consumer process of a FanOut --kills times per start method",
     )
+    parser.add_argument(
+        "--arrays",
+        action="store_true",
+        help="items carry a 72 kB numpy array (the shared-memory transport of the workers)",
+    )
     args = parser.parse_args()
     rng = random.Random(args.seed)
     rows = []
@@ -51,11 +60,11 @@ def main() -> int:
         root = Path(scratch)
         corpus = harness.make_corpus(root / "corpus")
         reference = harness.reference_stream(
-            harness.Campaign(root / "reference", corpus, harness.Config())
+            harness.Campaign(root / "reference", corpus, harness.Config(arrays=args.arrays))
         )
         combos = itertools.product(args.kinds, args.start_methods, LAYOUTS)
         for number, (kind, method, (mode, nesting)) in enumerate(combos):
-            config = harness.Config(method, mode, nesting)
+            config = harness.Config(method, mode, nesting, args.arrays)
             campaign = harness.Campaign(root / f"campaign-{number}", corpus, config)
             outcome = harness.run_campaign(campaign, kind, args.kills, reference, rng)
             rows.append(outcome)
@@ -67,7 +76,8 @@ def main() -> int:
     print(table(rows))
     print(f"\n{sum(o.kills for o in rows)} kills in {len(rows)} campaigns, {elapsed:.0f} s")
     RESULTS_DIR.mkdir(exist_ok=True)
-    (RESULTS_DIR / "fault_injection.json").write_text(
+    name = "fault_injection-arrays.json" if args.arrays else "fault_injection.json"
+    (RESULTS_DIR / name).write_text(
         json.dumps(
             {
                 "machine": machine_info(),

@@ -1,9 +1,11 @@
 """The training loop that `fault_harness` kills: a full pipeline, checkpoints, a consumed log.
 
 ``python bench/fault_loop.py WORKDIR CORPUS --batches N --every K --start-method M
---prefetch-mode P --nesting {flat,nested}`` trains on N batches (a "model" that counts its
-steps and digests what it saw; 5 ms of work a step), reading two gzip-chunked data sets
-through chunk read-ahead, weighted mixing, a prefetcher, a parallel map and bucketing.
+--prefetch-mode P --nesting {flat,nested} [--arrays]`` trains on N batches (a
+"model" that counts its steps and digests what it saw; 5 ms of work a step), reading two
+gzip-chunked data sets through chunk read-ahead, weighted mixing, a prefetcher, a parallel
+map and bucketing (with ``--arrays`` the parallel map adds a 72 kB numpy array to each
+item, which the worker processes send through shared memory).
 Every K steps it fsyncs the consumed log and saves the model and the data state with
 `save_checkpoint` (``WORKDIR/ckpt-{step}.json``, the last 2 kept). Every batch it takes
 is appended to ``WORKDIR/consumed.log`` (one JSON line, flushed, not fsync'd).
@@ -67,11 +69,33 @@ def featurize(line: str) -> list[Any]:
     return [line, hashlib.blake2s(line.encode(), digest_size=4).hexdigest()]
 
 
+ARRAY_ITEMS = 9000
+"""Items of the array of `featurize_with_array` (72 kB: above the shared-memory threshold)."""
+
+
+def featurize_with_array(line: str) -> list[Any]:
+    """`featurize`, plus a numpy array made from the line (which the worker processes send
+    through shared memory)."""
+    import numpy as np
+
+    features = featurize(line)
+    return [*features, np.full(ARRAY_ITEMS, int(features[1], 16), dtype=np.int64)]
+
+
+def loggable(batch: list[Any]) -> list[Any]:
+    """A batch as JSON: an item's array as its sum and length (a torn or reused segment
+    would show in them)."""
+    return [[*item[:2], [int(item[2].sum()), len(item[2])]] if len(item) > 2 else item
+            for item in batch]
+
+
 def line_length(item: list[Any]) -> int:
     return len(item[0])
 
 
-def build_pipeline(corpus: Path, start_method: str, prefetch_mode: str, nesting: str) -> Any:
+def build_pipeline(
+    corpus: Path, start_method: str, prefetch_mode: str, nesting: str, arrays: bool = False
+) -> Any:
     datasets = [
         chunked_dataset_iterator(
             sorted(str(path) for path in (corpus / name).glob("*.gz")),
@@ -90,8 +114,9 @@ def build_pipeline(corpus: Path, start_method: str, prefetch_mode: str, nesting:
         )
 
     def parallel_map(source: CheckpointableIterator[Any]) -> CheckpointableIterator[Any]:
+        transform = featurize_with_array if arrays else featurize
         return ParallelMapIterator(
-            source, featurize, 2, 4, start_method=start_method, snapshot_every=10
+            source, transform, 2, 4, start_method=start_method, snapshot_every=10
         )
 
     if nesting == "flat":
@@ -137,6 +162,7 @@ def main() -> None:
     parser.add_argument("--prefetch-mode", default="process")
     parser.add_argument("--nesting", choices=("flat", "nested"), default="flat")
     parser.add_argument("--disk-full-at", type=int, default=0, help="the disk fills at a save")
+    parser.add_argument("--arrays", action="store_true", help="items carry a 72 kB array")
     args = parser.parse_args()
 
     def preempted(signum: int, frame: Any) -> None:
@@ -156,12 +182,12 @@ def main() -> None:
     with open(log_path, "ab") as log:
         log.truncate(checkpoint["log_bytes"])
         with build_pipeline(
-            args.corpus, args.start_method, args.prefetch_mode, args.nesting
+            args.corpus, args.start_method, args.prefetch_mode, args.nesting, args.arrays
         ) as pipeline:
             pipeline.setstate(checkpoint["data"])
             while model["step"] < args.batches:
                 batch = next(pipeline)
-                line = json.dumps(batch).encode()
+                line = json.dumps(loggable(batch)).encode()
                 model["digest"] = hashlib.sha256(model["digest"].encode() + line).hexdigest()
                 model["step"] += 1
                 time.sleep(STEP_SECONDS)  # the training step

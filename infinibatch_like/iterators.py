@@ -37,6 +37,7 @@ from typing import (  # noqa: UP035 - infinibatch's star import provides these n
 from ._background.errors import WorkerError
 from ._base import CheckpointableIterator, StateMismatchError
 from .batching import BucketedReadaheadBatchIterator, FixedBatchIterator
+from .batchmap import BatchMapIterator
 from .flatten import SelectManyIterator
 from .mapping import MapIterator, SamplingRandomMapIterator
 from .multiplex import MultiplexIterator, MultiplexSourceExhaustedError, ZipIterator
@@ -76,6 +77,7 @@ def _advance_iterator(iterator: Iterator[Any], n: int) -> int:
 
 __all__ = [
     # the iterators
+    "BatchMapIterator",
     "BlockwiseShuffleIterator",
     "BucketedReadaheadBatchIterator",
     "BufferedShuffleIterator",

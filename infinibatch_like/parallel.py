@@ -106,8 +106,10 @@ class _MapRunner(Runner):
         tasks_in_flight: int,
         mode: str,
         start_method: str | None,
+        batched: bool,
     ) -> None:
         super().__init__(source, snapshot_every)
+        self.batched = batched
         self.transform, self.num_workers, self.task_size = transform, num_workers, task_size
         self.tasks_in_flight, self.mode, self.start_method = tasks_in_flight, mode, start_method
         self.pool: Pool | None = None
@@ -142,10 +144,12 @@ class _MapRunner(Runner):
         name = "ParallelMapIterator"
         if self.mode == "process":
             try:
-                return ProcessPool(self.transform, self.num_workers, name, self.start_method)
+                return ProcessPool(
+                    self.transform, self.num_workers, name, self.start_method, self.batched
+                )
             except ProcessesRefused as error:
                 warn_thread_fallback(name, error)
-        return ThreadPool(self.transform, self.num_workers, name)
+        return ThreadPool(self.transform, self.num_workers, name, self.batched)
 
     def _gauges(self) -> Gauges:
         """Tasks in flight over `tasks_in_flight`, their items, the workers."""
@@ -226,7 +230,13 @@ class ParallelMapIterator(BudgetedStage[Any], BackgroundStage[Any]):
         on_error: ``"raise"`` (default), ``"skip"`` (`DEFAULT_SKIP_POLICY`) or a
             `SkipPolicy`: an item whose transform raises an Exception (in a worker process
             or thread) is skipped and entered in the ledger (`skipped`), within the
-            policy's budget.
+            policy's budget. Not with `batched`.
+        batched: the transform is called once per task with the list of its items (up
+            to `num_items_per_process`) and returns a sequence of exactly one output per
+            item, in order (a tokenizer's ``encode_batch``, a numpy function): see
+            `BatchMapIterator`. Checkpoints stay exact between any two items; a batch
+            whose transform raises yields none of its outputs. Another number of
+            outputs raises ValueError naming this stage.
 
     Raises:
         ValueError: for an argument out of range, an unknown mode or start method.
@@ -260,6 +270,7 @@ class ParallelMapIterator(BudgetedStage[Any], BackgroundStage[Any]):
         snapshot_every: int = 100,
         mode: str = "process",
         on_error: OnError = "raise",
+        batched: bool = False,
     ) -> None:
         owner = "ParallelMapIterator"
         require_checkpointable(owner, "source_iterator", source_iterator)
@@ -274,6 +285,10 @@ class ParallelMapIterator(BudgetedStage[Any], BackgroundStage[Any]):
             raise ValueError(f"{owner}: mode must be one of {_MODES}, got {mode!r}")
         if mode == "process":
             get_context(owner, start_method)
+        if type(batched) is not bool:
+            raise TypeError(f"{owner}: batched must be a bool, got {batched!r}")
+        if batched and on_error != "raise":
+            raise ValueError(f"{owner}: on_error={on_error!r} cannot be combined with batched=True")
         self._init_budget(owner, on_error)
         runner = _MapRunner(
             source_iterator,
@@ -284,6 +299,7 @@ class ParallelMapIterator(BudgetedStage[Any], BackgroundStage[Any]):
             tasks_in_flight,
             mode,
             start_method,
+            batched,
         )
         self._init_background(source_iterator, runner)
 

@@ -34,6 +34,10 @@ def add_one(x: int) -> int:
     return x + 1
 
 
+def add_one_each(items: list[int]) -> list[int]:
+    return [x + 1 for x in items]
+
+
 def fail_on_sevens(x: int) -> int:
     if x % 7 == 3:
         raise ValueError(f"bad item {x}")
@@ -173,6 +177,10 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
         lambda: it.MapIterator(native(40), fail_on_sevens, on_error=SKIPS),
     ],
     "SamplingRandomMapIterator": [lambda: it.SamplingRandomMapIterator(native(), jitter, 7)],
+    "BatchMapIterator": [
+        lambda: it.BatchMapIterator(native(), add_one_each, 4),
+        lambda: it.BatchMapIterator(it.MapIterator(native(13), add_one), add_one_each, 1),
+    ],
     "RecurrentIterator": [lambda: it.RecurrentIterator(native(), running_sum, 0)],
     "ZipIterator": [lambda: it.ZipIterator(native(30), native(19), it.RandomIterator(1))],
     "MultiplexIterator": [
@@ -255,6 +263,10 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
     "ParallelMapIterator": [
         lambda: it.ParallelMapIterator(native(30), add_one, 2, 3, snapshot_every=4),
         lambda: it.ParallelMapIterator(native(30), add_one, 3, 2, snapshot_every=5, mode="thread"),
+        lambda: it.ParallelMapIterator(native(30), add_one_each, 2, 4, snapshot_every=3,
+                                       batched=True),
+        lambda: it.ParallelMapIterator(native(30), add_one_each, 2, 5, snapshot_every=7,
+                                       batched=True, mode="thread"),
         lambda: it.ParallelMapIterator(
             it.PrefetchIterator(native(20), 6, snapshot_every=5), add_one, 2, 2,
             snapshot_every=3,
@@ -323,6 +335,7 @@ DIFFERENT: dict[str, Callable[[], CheckpointableIterator[Any]]] = {
         it.NativeCheckpointableIterator(list(range(1, 9))), read_chunk
     ),
     "MapIterator-0": lambda: it.MapIterator(native(22), add_one),
+    "BatchMapIterator-0": lambda: it.BatchMapIterator(native(), add_one_each, 5),
     "SamplingRandomMapIterator-0": lambda: it.SamplingRandomMapIterator(native(), jitter, 8),
     "RecurrentIterator-0": lambda: it.RecurrentIterator(native(22), running_sum, 0),
     "ZipIterator-0": lambda: it.ZipIterator(native(30), native(18), it.RandomIterator(1)),

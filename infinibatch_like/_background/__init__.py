@@ -7,6 +7,8 @@ consumer, shared by every background stage.
 - `worker_gc`: the garbage collector of worker processes (`set_worker_gc`).
 - `wire`: how objects and bytes cross a process boundary (cloudpickle for pipelines,
   framed messages on pipes that the reader polls, so that a dead writer never hangs it).
+- `shm`: the shared-memory transport of the large numpy arrays and torch tensors that
+  worker processes send (pooled segments, unlinked once mapped).
 - `messages`: the typed messages between workers and the consumer.
 - `channels`: one producer worker (thread or process) behind a bounded buffer.
 - `pool`: the workers of a parallel map (processes or threads).

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from .._base import CheckpointableIterator, fast_iterator, source_state
 from .._probe import WorkerStats
-from . import wire
+from . import shm, wire
 from .cursor import replay
 from .errors import (
     ErrorReport,
@@ -36,6 +36,7 @@ from .lifecycle import (
     Resource,
     check_interrupt,
     get_context,
+    parent_alive,
     start_process,
     stop_process,
     worker_setup,
@@ -265,8 +266,8 @@ class _Outbox:
     pipe by a thread (so that producing overlaps with the consumer reading). It holds
     about `capacity` items: as many messages as `pace` puts that many items in."""
 
-    def __init__(self, fd: int, capacity: int, pace: Pace) -> None:
-        self._capacity, self._pace = capacity, pace
+    def __init__(self, fd: int, capacity: int, pace: Pace, outgoing: shm.Outgoing | None) -> None:
+        self._capacity, self._pace, self._outgoing = capacity, pace, outgoing
         self._queue: queue.Queue[bytes | None] = queue.Queue(self._slots())
         self._thread = threading.Thread(
             target=self._write, args=(fd,), name="infinibatch_like.outbox", daemon=True
@@ -285,7 +286,7 @@ class _Outbox:
             pass
 
     def put(self, message: Message) -> None:
-        data = pickle.dumps(message, wire.PROTOCOL)
+        data = shm.encode(message, self._outgoing)
         if isinstance(message, Batch):
             self._pace.sent(len(message.items), len(data))
             # Only this thread puts: a smaller bound takes effect as the writer drains.
@@ -313,14 +314,28 @@ def _producer_main(
     statistics are off) counts the items it produces; `answers`: where it writes its
     stacks when asked (`stacks.answers_dir`)."""
     holder: list[Any] = [production.source]
+    # Ahead by about `capacity` items, as when the pipe's bytes bounded it.
+    outgoing = shm.Outgoing(max(2, capacity)) if shm.ENABLED else None
+
+    closing = threading.Lock()
+    closed: list[bool] = []
 
     def close_pipeline() -> None:
-        if hasattr(holder[0], "close"):
-            holder[0].close()
+        """Once, by the main thread at the end or by the watch thread on SIGTERM (which
+        may come while the main thread, at its end, waits for the consumer to take
+        everything: it must not stop the pipeline's own workers under the other)."""
+        with closing:
+            if closed:
+                return
+            closed.append(True)
+            if outgoing is not None:
+                outgoing.unlink_names()
+            if hasattr(holder[0], "close"):
+                holder[0].close()
 
     worker_setup(parent, close_pipeline, collector, answers)
     pace = Pace(production.max_batch)
-    outbox = _Outbox(writer.fileno(), capacity, pace)
+    outbox = _Outbox(writer.fileno(), capacity, pace, outgoing)
     position = production.replay  # of the next item, as the consumer's cursor counts
     try:
         if payload is not None:
@@ -346,6 +361,8 @@ def _producer_main(
         outbox.put(Failure(report_error(error, where, holder[0])))
     finally:
         outbox.close()
+        if outgoing is not None:  # the consumer maps what it reads: wait for it to
+            outgoing.wait_taken(lambda: parent_alive(parent))
         close_pipeline()
 
 
@@ -448,9 +465,11 @@ class ProcessChannel(Channel):
         return _opened(pickle.loads(frame))  # type: ignore[return-value]
 
     def stop_worker(self) -> None:
-        """Stop the worker process (idempotent); `shutdown` then releases the pipe."""
+        """Stop the worker process (idempotent), unlink what segments it left unread;
+        `shutdown` then releases the pipe."""
         if self._process._popen is not None:  # type: ignore[attr-defined]
             stop_process(self._process)
+            shm.remove_names(self._process.pid)  # type: ignore[arg-type]
 
     def _shutdown(self) -> None:
         self.stop_worker()

@@ -15,7 +15,8 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from .._callables import call_origin
-from . import wire
+from ..batchmap import batch_outputs
+from . import shm, wire
 from .errors import ErrorReport, WorkerError, died, local_error, report_error
 from .lifecycle import (
     JOIN_S,
@@ -34,17 +35,23 @@ from .worker_gc import WorkerGC, worker_gc
 
 
 def _apply(
-    transform: Callable[[Any], Any], task: Task, owner: str
+    transform: Callable[[Any], Any], task: Task, owner: str, batched: bool
 ) -> tuple[list[Any], BaseException | None, str, float]:
-    """The outputs of `transform` over the task's items, up to an error if one is raised;
-    the error, which call raised it (e.g. ``by ParallelMapIterator's transform f on
-    item 7``), and the seconds it took if the task is `timed` (else 0)."""
+    """The outputs of `transform` over the task's items (`batched`: one call on the list
+    of them), up to an error if one is raised; the error, which call raised it (e.g.
+    ``by ParallelMapIterator's transform f on item 7``), and the seconds it took if the
+    task is `timed` (else 0)."""
     outputs: list[Any] = []
     start = time.perf_counter() if task.timed else 0.0
     try:
-        outputs.extend(map(transform, task.items))  # keeps the outputs before a failure
+        if batched:
+            outputs = batch_outputs(owner, transform, task.items)
+        else:
+            outputs.extend(map(transform, task.items))  # keeps the outputs before a failure
     except Exception as error:
         origin = call_origin(owner, "transform", transform, task.items[len(outputs)])
+        if batched:
+            origin += f" (the first of a batch of {len(task.items)})"
         return outputs, error, origin, _since(start)
     return outputs, None, "", _since(start)
 
@@ -76,33 +83,57 @@ def _map_main(
     where: str,
     collector: WorkerGC,
     answers: str,
+    batched: bool,
+    incoming: str | None,
 ) -> None:
     """Entry point of a map worker process of `owner` (the stage's name); `answers`: where
-    it writes its stacks when asked (`stacks.answers_dir`)."""
-    worker_setup(parent, lambda: None, collector, answers)
+    it writes its stacks when asked (`stacks.answers_dir`); `incoming`: the prefix of the
+    names of the segments of the tasks it is sent (None: no transport)."""
+    outgoing = shm.Outgoing() if shm.ENABLED else None
+
+    def unlink_names() -> None:
+        """What neither side will map any more: results not read, tasks not received."""
+        if outgoing is not None:
+            outgoing.unlink_names()
+        if incoming is not None:
+            shm.remove_prefixed(incoming)
+
+    worker_setup(parent, unlink_names, collector, answers)
     if payload is not None:
         transform = pickle.loads(payload)
     assert transform is not None
     reader, out = wire.FrameReader(tasks.fileno()), results.fileno()
-    while True:
-        frame = wire.read_until(reader, lambda: parent_alive(parent), 1.0, 0.0)
-        if frame is None:
-            return
-        task: Task | None = pickle.loads(frame)
-        if task is None:
-            return
-        wire.write_frame(out, _result_frame(transform, task, owner, where))
+    try:
+        while True:
+            frame = wire.read_until(reader, lambda: parent_alive(parent), 1.0, 0.0)
+            if frame is None:
+                return
+            task: Task | None = pickle.loads(frame)
+            if task is None:
+                return
+            result = _result_frame(transform, task, owner, where, batched, outgoing)
+            wire.write_frame(out, result)
+    finally:  # stopped: what the other side did not map is of no use to it
+        unlink_names()
 
 
-def _result_frame(transform: Callable[[Any], Any], task: Task, owner: str, where: str) -> bytes:
-    """The pickled `Result` of `task`. An output that cannot be pickled ends it like an
-    error of the transform on that item: the outputs before it, then its pickling error."""
-    outputs, error, origin, busy = _apply(transform, task, owner)
+def _result_frame(
+    transform: Callable[[Any], Any],
+    task: Task,
+    owner: str,
+    where: str,
+    batched: bool,
+    outgoing: shm.Outgoing | None,
+) -> bytes:
+    """The encoded `Result` of `task` (large arrays through `outgoing`'s shared memory). An
+    output that cannot be pickled ends it like an error of the transform on that item: the
+    outputs before it, then its pickling error."""
+    outputs, error, origin, busy = _apply(transform, task, owner, batched)
     failure: ErrorReport | None = None
     if error is not None:
         failure = report_error(error, f"{origin}, {where}")
     try:
-        return pickle.dumps(Result(task.number, outputs, failure, busy), wire.PROTOCOL)
+        return shm.encode(Result(task.number, outputs, failure, busy), outgoing)
     except Exception as pickling_error:
         found = wire.first_unpicklable(outputs)
         if found is None:  # each output pickles alone: the result as a whole did not
@@ -112,7 +143,7 @@ def _result_frame(transform: Callable[[Any], Any], task: Task, owner: str, where
         origin = call_origin(owner, "transform", transform, task.items[index])
         what = f"pickling the output returned {origin} (source position {task.first + index})"
         failure = report_error(cause, f"{what}, {where}")
-        return pickle.dumps(Result(task.number, outputs[:index], failure, busy), wire.PROTOCOL)
+        return shm.encode(Result(task.number, outputs[:index], failure, busy), outgoing)
 
 
 class _Sender:
@@ -151,6 +182,7 @@ class ProcessPool(Pool):
         num_processes: int,
         name: str,
         start_method: str | None,
+        batched: bool = False,
     ) -> None:
         context = get_context(name, start_method)
         method = context.get_start_method()
@@ -166,6 +198,7 @@ class ProcessPool(Pool):
         self._task_fds: list[int] = []
         self._unfinished: list[int] = []
         self._worker_of: dict[int, int] = {}  # task number -> worker index
+        self._outgoing: list[shm.Outgoing | None] = []  # the segments of each one's tasks
         self._poll = select.poll()
         self._sender = _Sender(name)
         try:
@@ -173,6 +206,8 @@ class ProcessPool(Pool):
                 task_reader, task_writer = context.Pipe(duplex=False)
                 result_reader, result_writer = context.Pipe(duplex=False)
                 self._pipes += [task_writer, result_reader]
+                outgoing = shm.Outgoing() if shm.ENABLED else None
+                self._outgoing.append(outgoing)
                 process: BaseProcess = context.Process(  # type: ignore[attr-defined]
                     target=_map_main,
                     args=(
@@ -185,6 +220,8 @@ class ProcessPool(Pool):
                         where,
                         worker_gc(),
                         answers_dir(),
+                        batched,
+                        None if outgoing is None else outgoing.prefix,
                     ),
                     name=f"infinibatch_like.{name}.worker-{index}",
                     daemon=False,
@@ -207,7 +244,7 @@ class ProcessPool(Pool):
         index = self._unfinished.index(min(self._unfinished))
         self._unfinished[index] += 1
         self._worker_of[task.number] = index
-        self._sender.send(self._task_fds[index], pickle.dumps(task, wire.PROTOCOL))
+        self._sender.send(self._task_fds[index], shm.encode(task, self._outgoing[index]))
 
     def receive(self) -> Result:
         while True:
@@ -236,9 +273,14 @@ class ProcessPool(Pool):
                 process.terminate()
         for process in self._processes:
             stop_process(process)
+            shm.remove_names(process.pid)  # type: ignore[arg-type]
             process.close()
         self._processes = []
         self._sender.stop()
+        for outgoing in self._outgoing:  # tasks that no worker will read
+            if outgoing is not None:
+                outgoing.unlink_names()
+        self._outgoing = []
         for pipe in self._pipes:
             pipe.close()
         self._pipes = []
@@ -250,9 +292,11 @@ class ProcessPool(Pool):
 class ThreadPool(Pool):
     """`num_threads` threads, for transforms that release the GIL."""
 
-    def __init__(self, transform: Callable[[Any], Any], num_threads: int, name: str) -> None:
+    def __init__(
+        self, transform: Callable[[Any], Any], num_threads: int, name: str, batched: bool = False
+    ) -> None:
         super().__init__()
-        self._name = name
+        self._name, self._batched = name, batched
         self._tasks: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
         self._results: queue.SimpleQueue[Result] = queue.SimpleQueue()
         self._threads = [
@@ -270,7 +314,7 @@ class ThreadPool(Pool):
     def _run(self, transform: Callable[[Any], Any]) -> None:
         where = f"in a worker thread of {self._name}"
         while (task := self._tasks.get()) is not None:
-            outputs, error, origin, busy = _apply(transform, task, self._name)
+            outputs, error, origin, busy = _apply(transform, task, self._name, self._batched)
             failure = None if error is None else local_error(error, f"{origin}, {where}")
             self._results.put(Result(task.number, outputs, failure, busy))
 

@@ -6,9 +6,11 @@ functions by value. Messages are plain ``pickle`` bytes (protocol 5) in length-p
 frames on a pipe: the reader polls the pipe itself and reads what is there without
 blocking, so a writer that dies half-way through a large message never hangs it. This
 also bypasses the reductions that ``torch.multiprocessing`` installs into
-multiprocessing's pickler (shared memory through file descriptors): a tensor costs one
-copy each way, never a descriptor, and no semaphore is ever created. `send_frames`
-writes frames to a socket (a fan-out's consumers in other processes).
+multiprocessing's pickler (shared memory through file descriptors): no descriptor is
+sent and no semaphore is ever created. Large numpy arrays and CPU tensors in the
+messages of worker processes go through the library's own shared memory instead
+(`shm`: one copy, by the worker). `send_frames` writes frames to a socket (a fan-out's
+consumers in other processes).
 """
 
 from __future__ import annotations

@@ -1,0 +1,171 @@
+"""The shared-memory transport of worker processes: numpy batches through a process
+`PrefetchIterator`, with the transport and without it (every array pickled through the
+pipe), and plain pickle over a `multiprocessing.Pipe`, in one run.
+
+(a) the consumer's cost of one 1 MiB batch in a steady flow: after 200 batches (the
+    worker's segments are mapped by then, as in any run past its first batches), the
+    worker is given time to fill the buffer, then ``next()`` is timed over the batches
+    waiting there, each dropped at once (the mean: a message of several batches is
+    decoded by one call); target <= 10 us;
+(b) the flow of 8 MiB batches (batches/s, the consumer dropping each batch): transport,
+    no transport, and ``Connection.send``/``recv`` of the array; target: transport >= 3x
+    pickle over a pipe;
+(c) the same flow for small arrays (4 KiB to 1 MiB), transport on and off: where the
+    transport starts to pay (its `THRESHOLD`).
+
+Run ``python bench/bench_transport.py [--quick]`` (fork start method; Linux); results go to
+``bench/results/transport.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import time
+from typing import Any
+
+import _util
+import numpy as np
+from _util import median, print_table, verdict
+
+from infinibatch_like._background import shm
+from infinibatch_like.iterators import NativeCheckpointableIterator, PrefetchIterator
+
+MIB = 1 << 20
+WARM_UP = 200
+
+
+def _prefetcher(array: np.ndarray, count: int, buffer: int, transport: bool) -> Any:
+    shm.ENABLED = transport  # read by the worker (forked) when it starts
+    try:
+        it = PrefetchIterator(
+            NativeCheckpointableIterator([array] * count), buffer, start_method="fork"
+        )
+        next(it)  # the worker is up
+    finally:
+        shm.ENABLED = True
+    return it
+
+
+def consumer_cost(transport: bool, timed: int) -> float:
+    """Mean seconds of ``next()`` for a 1 MiB batch that waits in the buffer."""
+    array = np.random.default_rng(0).integers(0, 255, MIB, dtype=np.uint8)
+    it = _prefetcher(array, WARM_UP + timed + 8, timed + 4, transport)
+    for _ in range(WARM_UP):
+        assert int(next(it)[-1]) == int(array[-1])
+    time.sleep(1.0)  # the worker fills the buffer
+    start = time.perf_counter()
+    for _ in range(timed):
+        next(it)
+    elapsed = time.perf_counter() - start
+    it.close()
+    return elapsed / timed
+
+
+def flow(size: int, count: int, transport: bool) -> float:
+    """Batches per second of `size` bytes through a process PrefetchIterator."""
+    array = np.ones(size, np.uint8)
+    it = _prefetcher(array, count + 1, 8, transport)
+    start = time.perf_counter()
+    for batch in it:
+        del batch
+    elapsed = time.perf_counter() - start
+    it.close()
+    return count / elapsed
+
+
+def _send(connection: Any, size: int, count: int) -> None:
+    array = np.ones(size, np.uint8)
+    for _ in range(count):
+        connection.send(array)
+    connection.close()
+
+
+def pipe_flow(size: int, count: int) -> float:
+    """Batches per second of `size` bytes pickled over a multiprocessing Pipe."""
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=_send, args=(sender, size, count + 1))
+    process.start()
+    sender.close()
+    receiver.recv()
+    start = time.perf_counter()
+    for _ in range(count):
+        receiver.recv()
+    elapsed = time.perf_counter() - start
+    process.join()
+    return count / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+    reps = 2 if args.quick else args.reps
+    count = 40 if args.quick else 150
+
+    cost: dict[str, list[float]] = {"transport": [], "pickle": []}
+    rates: dict[str, list[float]] = {"transport": [], "no transport": [], "pipe": []}
+    small: dict[int, dict[str, list[float]]] = {
+        size: {"transport": [], "pickle": []} for size in (4096, 16384, 65536, 262144, MIB)
+    }
+    for _ in range(reps):  # interleaved
+        cost["transport"].append(consumer_cost(True, 24))
+        cost["pickle"].append(consumer_cost(False, 24))
+        rates["transport"].append(flow(8 * MIB, count, True))
+        rates["no transport"].append(flow(8 * MIB, count, False))
+        rates["pipe"].append(pipe_flow(8 * MIB, count))
+        for size, got in small.items():
+            n = max(200, min(5000, 200 * MIB // size // 8))
+            got["transport"].append(flow(size, n, True))
+            got["pickle"].append(flow(size, n, False))
+
+    c_shm, c_pickle = median(cost["transport"]), median(cost["pickle"])
+    print_table(
+        "(a) consumer cost of a 1 MiB batch (mean next())",
+        ["path", "us", "target"],
+        [
+            ["transport", f"{c_shm * 1e6:.1f}", verdict(10e-6 / c_shm, 1.0, True)],
+            ["pickle through the pipe", f"{c_pickle * 1e6:.1f}", ""],
+        ],
+    )
+    r = {k: median(v) for k, v in rates.items()}
+    print_table(
+        "(b) 8 MiB batches per second",
+        ["path", "batches/s", "x pipe", "target"],
+        [
+            ["transport", f"{r['transport']:.0f}", f"{r['transport'] / r['pipe']:.2f}",
+             verdict(r["transport"] / r["pipe"], 3.0, True)],
+            ["no transport (pickled)", f"{r['no transport']:.0f}",
+             f"{r['no transport'] / r['pipe']:.2f}", ""],
+            ["Connection.send/recv", f"{r['pipe']:.0f}", "1.00", ""],
+        ],
+    )
+    rows = []
+    summary_small = {}
+    for size, got in small.items():
+        on, off = median(got["transport"]), median(got["pickle"])
+        summary_small[size] = on / off
+        rows.append([f"{size // 1024} KiB", f"{on:.0f}", f"{off:.0f}", f"{on / off:.2f}"])
+    print_table("(c) batches per second by size", ["size", "transport", "pickle", "ratio"], rows)
+    _util.write_result(
+        "transport" + ("-quick" if args.quick else ""),
+        {
+            "consumer_cost_s": cost,
+            "rates_8mib": rates,
+            "small": {str(k): v for k, v in small.items()},
+            "summary": {
+                "consumer_cost_us": c_shm * 1e6,
+                "pickle_consumer_cost_us": c_pickle * 1e6,
+                "x_pipe_8mib": r["transport"] / r["pipe"],
+                "x_no_transport_8mib": r["transport"] / r["no transport"],
+                "small_ratio": {str(k): v for k, v in summary_small.items()},
+            },
+            "threshold": shm.THRESHOLD,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
