@@ -17,6 +17,7 @@ from ._background.messages import End
 from ._background.stage import BackgroundStage, Runner
 from ._base import CheckpointableIterator, require_checkpointable, require_int
 from ._probe import Gauges, absorb_delta, probing
+from .io._counts import add_worker_reads
 
 _MODES = ("process", "thread")
 
@@ -100,6 +101,8 @@ class _PrefetchRunner(Runner):
                 message = channel.receive()
                 if message.stats is not None:  # from a worker process, now and then
                     absorb_delta(self.source, message.stats)
+                if message.reads:
+                    add_worker_reads(message.reads)
                 if isinstance(message, End):
                     cursor.snapshot(cursor.consumed, message.state)
                     return

@@ -675,9 +675,31 @@ def test_report_and_flat_count_the_reads_from_an_object_store(
     flat = stats.flat(pipeline)
     assert {key: flat[f"data/storage/{key}"] for key in expected} == expected
     last = stats.report(pipeline).splitlines()[-1]
-    assert last == (f"storage (this process): {ranges} GET requests, "
+    assert last == (f"storage (this process and its workers): {ranges} GET requests, "
                     f"{len(data) / 1e6:.1f} MB fetched, 0 retries; cache: 3 hits, 1 misses, "
                     "0 evicted")
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_reads_of_a_prefetch_worker_process_are_counted_by_its_consumer(
+    s3: S3Bucket, start_method: str
+) -> None:
+    data = "".join(f"line {n}\n" for n in range(20000)).encode()
+    refs = [s3.put(f"stats/worker-{i}.txt", data) for i in range(2)]
+    fetch = {"range_size": 50_000, "ranges_from_size": 0}
+    reader = functools.partial(read_lines, storage_options={"infinibatch_like": fetch})
+    list(reader(refs[0]))  # before statistics are on, in this process: not counted
+    lines = chunked_dataset_iterator(refs, reader, 10, train=False, shuffle=False)
+    pipeline = it.PrefetchIterator(lines, 100, start_method=start_method)
+    with pipeline:
+        stats.enable(pipeline)
+        assert len(list(pipeline)) == 2 * 20000
+        counts = stats.storage(pipeline)
+        last = stats.report(pipeline).splitlines()[-1]
+    ranges = -(-len(data) // 50_000)
+    assert counts["requests"] == 2 * ranges  # read in the worker, reported at its end
+    assert counts["bytes"] == 2 * len(data)
+    assert last.startswith(f"storage (this process and its workers): {2 * ranges} GET requests")
 
 
 def test_report_has_no_storage_line_without_remote_reads() -> None:

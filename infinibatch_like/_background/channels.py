@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from .._base import CheckpointableIterator, fast_iterator, source_state
 from .._probe import WorkerStats
+from ..io._counts import ReadsSince
 from . import shm, wire
 from .cursor import replay
 from .errors import (
@@ -341,14 +342,15 @@ def _producer_main(
         if payload is not None:
             holder[0] = pickle.loads(payload)
         stats = WorkerStats(holder[0], production.stats_every) if production.stats_every else None
+        reads = ReadsSince() if stats is not None else None
         for message in produce(production._replace(source=holder[0]), pace):
-            if stats is not None:  # per message, not per item
+            if stats is not None and reads is not None:  # per message, not per item
                 if isinstance(message, Batch):
                     produced.value += len(message.items)
                     if stats.due():
-                        message = message._replace(stats=stats.delta())
+                        message = message._replace(stats=stats.delta(), reads=reads.delta())
                 elif isinstance(message, End):
-                    message = message._replace(stats=stats.delta())
+                    message = message._replace(stats=stats.delta(), reads=reads.delta())
             try:
                 outbox.put(message)
             except Exception as error:

@@ -22,6 +22,8 @@ class Batch(NamedTuple):
     mark: Mark | None
     stats: Any = None
     """A worker process's statistics counters (`infinibatch_like._probe.Delta`), now and then."""
+    reads: dict[str, int] | None = None
+    """With `stats`: what the worker read from object stores since its previous report."""
 
 
 class End(NamedTuple):
@@ -30,6 +32,8 @@ class End(NamedTuple):
     state: State
     stats: Any = None
     """The worker process's last statistics counters, if statistics are on."""
+    reads: dict[str, int] | None = None
+    """With `stats`: what the worker read from object stores since its previous report."""
 
 
 class Failure(NamedTuple):

@@ -18,8 +18,9 @@ counter. On, every stage counts its items exactly and times a random sample of i
 processes come back with their messages a few times per second. Stages that work ahead
 (prefetchers, parallel maps, chunk read-ahead) also show gauges read at the time of the
 call: their buffer fill, what is in flight and their workers' busy time. `storage` tells
-what this process fetched from object stores (requests, bytes, cache hits) since then,
-which `report` and `flat` include. Statistics are never part of a checkpoint.
+what this process and the worker processes of its stages fetched from object stores
+(requests, bytes, cache hits) since then, which `report` and `flat` include. Statistics
+are never part of a checkpoint.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ def report(pipeline: CheckpointableIterator[Any]) -> str:
     pipelines of a `ShardedIterator` show once per worker, their counters added up over
     its shards (``MapIterator x16``).
 
-    A last line tells what this process fetched from object stores since statistics were
-    switched on, if anything (see `storage`).
+    A last line tells what this process and the worker processes of its stages fetched
+    from object stores since statistics were switched on, if anything (see `storage`).
 
     Statistics must be on (`enable`). Raises ValueError if they are off.
     """
