@@ -25,8 +25,8 @@ from typing import Any
 
 import _util
 import bench_pipeline
-from _util import print_table, verdict
-from bench_stats import consume, paired_ratios, round_mean
+from _util import print_table
+from bench_stats import consume, paired_ratios, ratio_rows, summarize
 from corpus import build_corpus
 
 from infinibatch_like.lineage import of_value, on_value, traced_chunks
@@ -93,41 +93,14 @@ def main(argv: list[str] | None = None) -> int:
         if index % 2:
             control_rounds.append(run_round(library, chunks, None, args.segment, pairs))
         print(f"  round {index + 1}/{rounds} done", flush=True)
-    on, on_error = round_mean(on_rounds)
-    control, control_error = round_mean(control_rounds)
+    result = summarize(on_rounds, control_rounds)
     print_table(
         f"lineage cost on P1 ({corpus_lines:,}-line corpus, {pairs} pairs of "
         f"{args.segment:,}-line segments per round)",
         ["measure", "rounds", "ratio", "standard error", f"target <= {TARGET}"],
-        [
-            [
-                "on / off",
-                len(on_rounds),
-                f"{on:.4f}",
-                f"{on_error:.4f}",
-                verdict(on, TARGET, False),
-            ],
-            [
-                "control: off / off",
-                len(control_rounds),
-                f"{control:.4f}",
-                f"{control_error:.4f}",
-                "",
-            ],
-        ],
+        ratio_rows(result, TARGET),
     )
-    _util.write_result(
-        "lineage-quick" if args.quick else "lineage",
-        {
-            "on_off_ratios_by_round": on_rounds,
-            "control_ratios_by_round": control_rounds,
-            "on_off": on,
-            "on_off_standard_error": on_error,
-            "control": control,
-            "control_standard_error": control_error,
-            "target": TARGET,
-        },
-    )
+    _util.write_result("lineage-quick" if args.quick else "lineage", {**result, "target": TARGET})
     return 0
 
 

@@ -174,6 +174,12 @@ def measure(workload: Workload, rounds: int, pairs: int, sample_every: int) -> d
         if index % 2 == 1 or rounds == 1:
             control_rounds.append(interleaved_round(workload, None, pairs, sample_every))
         print(f"  {workload.name}: round {index + 1}/{rounds} done", flush=True)
+    return summarize(on_rounds, control_rounds)
+
+
+def summarize(on_rounds: list[list[float]], control_rounds: list[list[float]]) -> dict[str, Any]:
+    """The ratios by round of on/off and control rounds, and their geometric means with
+    standard errors (what `ratio_rows` shows)."""
     on, on_error = round_mean(on_rounds)
     control, control_error = round_mean(control_rounds)
     return {
