@@ -33,11 +33,11 @@ from typing import Any
 
 from _util import print_table, write_result
 
-from infinibatch_like.balancing import balanced_shards
+from infinibatch_like.distributed.sharded import owned_shards
 from infinibatch_like.prepare import chunk_corpus
+from infinibatch_like.prepare.balancing import balanced_shards
 from infinibatch_like.prepare.plan import Job, line_pieces
 from infinibatch_like.prepare.writer import _items
-from infinibatch_like.sharded import owned_shards
 
 RANKS = 2
 

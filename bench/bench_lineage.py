@@ -1,4 +1,4 @@
-"""The cost of per-sample lineage (`infinibatch_like.lineage`) on the P1 pipeline.
+"""The cost of per-sample lineage (`infinibatch_like.stats.lineage`) on the P1 pipeline.
 
 P1 (``bench_pipeline.py``): gzip chunks -> block-wise shuffle (``chunked_dataset_iterator``)
 -> tokenize (``MapIterator(str.split)``) -> ``BucketedReadaheadBatchIterator``. With
@@ -29,7 +29,7 @@ from _util import print_table
 from bench_stats import consume, paired_ratios, ratio_rows, summarize
 from corpus import build_corpus
 
-from infinibatch_like.lineage import of_value, on_value, traced_chunks
+from infinibatch_like.stats.lineage import of_value, on_value, traced_chunks
 
 TARGET = 1.02
 

@@ -29,7 +29,7 @@ from typing import Any
 from _util import Samples, Stopwatch, print_table, ratio, write_result
 
 from infinibatch_like.iterators import InfinitePermutationSourceIterator, PermutationSourceIterator
-from infinibatch_like.permutation import IndexPermutation, epoch_key
+from infinibatch_like.stages.permutation import IndexPermutation, epoch_key
 
 SEED = 1
 

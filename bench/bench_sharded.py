@@ -69,9 +69,9 @@ from bench_stats import consume, paired_ratios, round_mean
 from corpus import build_corpus, read_chunk
 
 import infinibatch_like.iterators as ours
-from infinibatch_like._background.worker_gc import DEFAULT, apply
+from infinibatch_like.background.worker_gc import DEFAULT, apply
 from infinibatch_like.datasets import chunked_dataset_iterator
-from infinibatch_like.sharded import ShardedIterator, owned_shards
+from infinibatch_like.distributed.sharded import ShardedIterator, owned_shards
 
 WORKERS = 2
 

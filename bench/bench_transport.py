@@ -28,7 +28,7 @@ import _util
 import numpy as np
 from _util import median, print_table, verdict
 
-from infinibatch_like._background import shm
+from infinibatch_like.background import shm
 from infinibatch_like.iterators import NativeCheckpointableIterator, PrefetchIterator
 
 MIB = 1 << 20

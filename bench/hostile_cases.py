@@ -404,8 +404,8 @@ def wait_for(gate: Path, item: int) -> int:
 
 def planted_stack_files(scratch: Path) -> str:
     """A directory and a symlink planted at the names a watchdog's workers could use."""
-    from infinibatch_like._background.lifecycle import worker_pids
-    from infinibatch_like.watchdog import Watchdog
+    from infinibatch_like.background.lifecycle import worker_pids
+    from infinibatch_like.background.watchdog import Watchdog
 
     gate, victim = scratch / "gate", scratch / "victim.txt"
     victim.write_text("keep")
@@ -476,7 +476,7 @@ def resize_huge(arguments: dict[str, int]) -> Callable[[Path], str]:
     def run(scratch: Path) -> str:
         from torchdata.stateful_dataloader import StatefulDataLoader
 
-        from infinibatch_like.sharded import ShardedIterator
+        from infinibatch_like.distributed.sharded import ShardedIterator
         from infinibatch_like.torch import CheckpointableDataset, resize_loader_state
 
         dataset = CheckpointableDataset(functools.partial(ShardedIterator, _shard, 8))

@@ -6,14 +6,20 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from math import gcd
 from typing import Any, TypeVar, overload
 
-from ._base import CheckpointableIterator, require_callable, require_int
-from ._callables import short_repr
-from .flatten import SelectManyIterator
-from .mapping import MapIterator
-from .prefetch import PrefetchIterator
-from .records import OnError, resolve_on_error
-from .shuffle import BlockwiseShuffleIterator, BufferedShuffleIterator
-from .sources import EVALUATION_HAS_NO_EPOCHS, check_epochs, check_rank, create_source_iterator
+from ._core.checks import require_callable, require_int
+from ._core.notes import short_repr
+from ._core.protocol import CheckpointableIterator
+from .stages.bad_records import OnError, resolve_on_error
+from .stages.flatten import SelectManyIterator
+from .stages.mapping import MapIterator
+from .stages.prefetch import PrefetchIterator
+from .stages.shuffle import BlockwiseShuffleIterator, BufferedShuffleIterator
+from .stages.sources import (
+    EVALUATION_HAS_NO_EPOCHS,
+    check_epochs,
+    check_rank,
+    create_source_iterator,
+)
 
 _OWNER = "chunked_dataset_iterator"
 
@@ -136,9 +142,9 @@ def chunked_dataset_iterator(
     much to snapshot every 100 items). The items are the same either way.
 
     With ``on_error="skip"`` or ``on_error=SkipPolicy(...)`` (see
-    `infinibatch_like.records`), the chunk reader skips records (and chunks) whose reading
-    raises, and the `MapIterator` of `transform` the items it raises on, each stage within
-    its own budget and with its own ledger (`infinibatch_like.records.skip_ledgers`).
+    `infinibatch_like.stages.bad_records`), the chunk reader skips records (and chunks) whose
+    reading raises, and the `MapIterator` of `transform` the items it raises on, each stage within
+    its own budget and with its own ledger (`infinibatch_like.stages.bad_records.skip_ledgers`).
     ``"raise"`` (default) changes nothing.
 
     Raises:

@@ -34,27 +34,27 @@ from typing import (  # noqa: UP035 - infinibatch's star import provides these n
     cast,
 )
 
-from ._background.errors import WorkerError
-from ._base import CheckpointableIterator, StateMismatchError
-from .batching import BucketedReadaheadBatchIterator, FixedBatchIterator
-from .batchmap import BatchMapIterator
-from .flatten import SelectManyIterator
-from .mapping import MapIterator, SamplingRandomMapIterator
-from .multiplex import MultiplexIterator, MultiplexSourceExhaustedError, ZipIterator
-from .parallel import ParallelMapIterator
-from .permutation import PermutationSourceIterator
-from .prefetch import PrefetchIterator
-from .recurrent import RecurrentIterator
-from .shuffle import BlockwiseShuffleIterator, BufferedShuffleIterator
-from .sources import (
+from ._core.protocol import CheckpointableIterator, StateMismatchError
+from .background.errors import WorkerError
+from .stages.batching import BucketedReadaheadBatchIterator, FixedBatchIterator
+from .stages.batchmap import BatchMapIterator
+from .stages.flatten import SelectManyIterator
+from .stages.mapping import MapIterator, SamplingRandomMapIterator
+from .stages.multiplex import MultiplexIterator, MultiplexSourceExhaustedError, ZipIterator
+from .stages.parallel_map import ParallelMapIterator
+from .stages.permutation import PermutationSourceIterator
+from .stages.prefetch import PrefetchIterator
+from .stages.recurrent import RecurrentIterator
+from .stages.shuffle import BlockwiseShuffleIterator, BufferedShuffleIterator
+from .stages.sources import (
     ChunkedSourceIterator,
     InfinitePermutationSourceIterator,
     NativeCheckpointableIterator,
     RandomIterator,
     create_source_iterator,
 )
-from .weighted import WeightedMultiplexIterator
-from .windowing import WindowedIterator
+from .stages.weighted import WeightedMultiplexIterator
+from .stages.windowing import WindowedIterator
 
 logger = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ import torch
 from typing_extensions import assert_type  # typing has it from Python 3.11
 
 from infinibatch_like.datasets import chunked_dataset_iterator
+from infinibatch_like.distributed.sharded import ShardedIterator
 from infinibatch_like.iterators import (
     CheckpointableIterator,
     FixedBatchIterator,
     MapIterator,
     NativeCheckpointableIterator,
 )
-from infinibatch_like.sharded import ShardedIterator
 from infinibatch_like.torch import (
     PaddedArrays,
     PaddedArraysNoMask,

@@ -43,11 +43,11 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from infinibatch_like import PackingIterator, TokenBudgetMultiplexIterator
 from infinibatch_like.datasets import chunked_dataset_iterator
-from infinibatch_like.elastic import elastic_state
+from infinibatch_like.distributed.elastic import elastic_state
+from infinibatch_like.distributed.sharded import ShardedIterator
 from infinibatch_like.io import read_jsonl
 from infinibatch_like.iterators import CheckpointableIterator, FixedBatchIterator, MapIterator
 from infinibatch_like.prepare import chunk_corpus, load_index
-from infinibatch_like.sharded import ShardedIterator
 from infinibatch_like.torch import PackedBatch, collate_packed
 
 NUM_SHARDS = 4

@@ -12,7 +12,7 @@ ranges, a local cache shared by the processes of a host); `storage_counts` tells
 fetched.
 """
 
-from .._base import SkippableIterator
+from .._core.protocol import SkippableIterator
 from ._counts import reset_storage_counts, storage_counts
 from ._tables import TableChunk
 from .arrow_ipc import list_arrow_chunks, read_arrow

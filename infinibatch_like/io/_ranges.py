@@ -20,8 +20,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
-from .._background.lifecycle import JOIN_S, POLL_S, check_interrupt
-from .._callables import add_note
+from .._core.notes import add_note
+from ..background.lifecycle import JOIN_S, POLL_S, check_interrupt
 from ._counts import count
 from .errors import ChunkReadError
 from .retry import RetryPolicy, call_with_retries

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Any, BinaryIO, cast
 
-from .._extras import missing_extra
+from .._core.extras import missing_extra
 from ._cache import ChunkCache
 from ._ranges import RangeReader, fetch_range
 from .errors import ChunkReadError

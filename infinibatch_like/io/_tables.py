@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
 from typing import Any, NamedTuple, cast
 
-from .._base import SkippableIterator
-from .._extras import missing_extra
+from .._core.extras import missing_extra
+from .._core.protocol import SkippableIterator
 from ._storage import StorageOptions
 from .listing import list_chunks
 from .retry import RetryPolicy

@@ -14,7 +14,7 @@ import importlib
 import io
 from typing import Any, BinaryIO
 
-from .._extras import missing_extra
+from .._core.extras import missing_extra
 
 READ_SIZE = 1 << 18
 """Bytes of compressed input read at a time."""

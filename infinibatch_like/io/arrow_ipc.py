@@ -12,7 +12,7 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
-from .._base import require_int
+from .._core.checks import require_int
 from ._storage import StorageOptions, open_random_access
 from ._tables import (
     Filter,

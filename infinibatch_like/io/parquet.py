@@ -9,7 +9,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
-from .._base import require_int
+from .._core.checks import require_int
 from ._storage import StorageOptions, file_version, open_random_access
 from ._tables import (
     Filter,

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from itertools import chain
 from typing import Any
 
-from .._base import require_int
-from .._callables import short_repr
+from .._core.checks import require_int
+from .._core.notes import short_repr
 from ._compression import codec_for, refuse_archive
 from ._lines import BadLine, Block, LineSplitter, bad_line
 from ._storage import StorageOptions

@@ -14,7 +14,7 @@ import tarfile
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, BinaryIO, cast
 
-from .._base import SkippableIterator
+from .._core.protocol import SkippableIterator
 from ._compression import codec_for
 from ._storage import StorageOptions
 from .errors import ChunkError, ChunkFormatError

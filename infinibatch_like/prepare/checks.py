@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from ..records import SkipPolicy
+from ..stages.bad_records import SkipPolicy
 
 EXAMPLES = 5
 """How many skipped lines a piece (and the index) describes; all are counted."""

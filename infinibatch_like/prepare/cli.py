@@ -9,10 +9,10 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._extras import MissingExtraError, missing_extra
-from ..records import OnError, SkipPolicy
+from .._core.extras import MissingExtraError, missing_extra
+from ..checkpoint.inspect import inspect_lines
+from ..stages.bad_records import OnError, SkipPolicy
 from .index import ChunkIndexError, read_index
-from .inspect_state import inspect_lines
 from .job import INPUT_FORMATS, chunk_corpus
 from .plan import COMPRESSIONS, DEFAULT_SPLIT_BYTES
 from .verify import verify_chunks

@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._base import require_int
-from ..balancing import balanced_shards
+from .._core.checks import require_int
 from ..io._storage import missing_bucket
-from ..sources import ChunkedSourceIterator, InfinitePermutationSourceIterator, check_rank
+from ..stages.sources import ChunkedSourceIterator, InfinitePermutationSourceIterator, check_rank
 from ._files import file_names, load_json, read_bytes
 from ._refs import is_url, join_ref
+from .balancing import balanced_shards
 from .plan import COMPRESSIONS, KINDS
 
 INDEX_NAME = "index.json"

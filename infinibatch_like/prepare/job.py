@@ -20,10 +20,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
 from typing import Any
 
-from .._base import require_int
+from .._core.checks import require_int
 from ..io.listing import find_files
-from ..progress import progress_bar
-from ..records import OnError, resolve_on_error
+from ..stages.bad_records import OnError, resolve_on_error
 from ._files import clean_up, file_names, load_json, output_lock, read_bytes, write_json
 from ._refs import is_url, join_ref
 from .checks import EXAMPLES
@@ -50,6 +49,7 @@ from .plan import (
     sample_pieces,
     source_of,
 )
+from .progress import progress_bar
 from .writer import PIECES_DIR, PieceDone, write_piece
 
 JOB_NAME = "job.json"

@@ -27,7 +27,7 @@ from ..io._compression import codec_for
 from ..io._storage import filesystem
 from ..io._walk import walk_files
 from ..io.webdataset import split_name
-from ..records import SkipPolicy
+from ..stages.bad_records import SkipPolicy
 from ._refs import is_url
 
 COMPRESSIONS = {"gz": ".gz", "zst": ".zst", "none": ""}

@@ -29,8 +29,9 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from .._base import CheckpointableIterator, require_int
-from .._probe import instrument
+from .._core.checks import require_int
+from .._core.probe import instrument
+from .._core.protocol import CheckpointableIterator
 from ._collect import StageStats, collect, consumer_wait_share, flat, limiting
 from ._headspace import Rate, consumer_rate, headspace
 from ._plot import History

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any, TypedDict
 
-from .._background.stage import BackgroundStage
-from .._base import CheckpointableIterator
-from .._probe import StageProbe, current_gauges, probe_of
+from .._core.probe import StageProbe, current_gauges, probe_of
+from .._core.protocol import CheckpointableIterator
+from ..background.stage import BackgroundStage
 from ._storage import storage
 
 

@@ -8,7 +8,8 @@ from collections.abc import Callable, Sequence
 from itertools import cycle, islice
 from typing import Any, NamedTuple
 
-from .._base import CheckpointableIterator, require_callable, require_int
+from .._core.checks import require_callable, require_int
+from .._core.protocol import CheckpointableIterator
 
 
 class Rate(NamedTuple):

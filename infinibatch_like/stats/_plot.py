@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .._base import CheckpointableIterator
-from .._extras import missing_extra
+from .._core.extras import missing_extra
+from .._core.protocol import CheckpointableIterator
 from ._collect import StageStats, collect
 
 

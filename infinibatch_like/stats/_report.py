@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._base import CheckpointableIterator
+from .._core.protocol import CheckpointableIterator
 from ._collect import StageStats, collect, consumer_wait_share, limiting, pooled
 from ._storage import storage, storage_line
 

@@ -10,8 +10,8 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypedDict, overload
 
-from .._base import require_int
-from .._extras import missing_extra
+from .._core.checks import require_int
+from .._core.extras import missing_extra
 
 try:
     import numpy as np

@@ -6,20 +6,15 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .._base import (
-    CheckpointableIterator,
-    State,
-    StateMismatchError,
-    require_callable,
-    require_int,
-)
-from .._extras import missing_extra
+from .._core.checks import require_callable, require_int
+from .._core.extras import missing_extra
+from .._core.protocol import CheckpointableIterator, State, StateMismatchError
 
 try:
     import torch.utils.data
 except ModuleNotFoundError as error:  # pragma: no cover - exercised in a subprocess test
     raise missing_extra("torch", "torch", "infinibatch_like.torch.CheckpointableDataset") from error
-from ..distributed import rank_and_world_size
+from ..distributed.ranks import rank_and_world_size
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -73,7 +68,7 @@ class CheckpointableDataset(torch.utils.data.IterableDataset[T_co]):
     of another ``num_workers`` itself, and each reader's state here belongs to one reader.
     Build the factory as ``functools.partial(ShardedIterator, shard_factory, num_shards)``
     (each reader then runs the shards it owns among the readers; give each shard its
-    chunks from ``ChunkIndex.shards`` or `infinibatch_like.balancing.balanced_shards`,
+    chunks from ``ChunkIndex.shards`` or `infinibatch_like.prepare.balancing.balanced_shards`,
     which split them by item count) and convert the loader states of every old rank with
     `infinibatch_like.torch.resize_loader_state`: every shard continues where it stopped,
     on exactly one new reader.
@@ -84,7 +79,7 @@ class CheckpointableDataset(torch.utils.data.IterableDataset[T_co]):
             ``forkserver`` start method it must pickle (a module-level function or a
             ``functools.partial`` of one).
         rank: this process's rank; with `world_size`, overrides
-            `infinibatch_like.distributed.rank_and_world_size`, which is otherwise asked
+            `infinibatch_like.distributed.ranks.rank_and_world_size`, which is otherwise asked
             once, here, in the constructor (construct the dataset after
             ``torch.distributed.init_process_group``, or under ``torchrun``).
         world_size: the number of ranks; give it together with `rank`.

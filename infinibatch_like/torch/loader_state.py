@@ -10,7 +10,8 @@ without workers asserts. Each worker's dataset state is one reader's pipeline st
 the loader could not split or merge them anyway. This module does it: when every
 reader's pipeline is a `ShardedIterator` (possibly under `MapIterator` stages), the
 readers' shard entries are pooled and each new reader takes the shards it owns
-(`infinibatch_like.elastic`), and a loader state of the new shape is written around them.
+(`infinibatch_like.distributed.elastic`), and a loader state of the new shape is written
+around them.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .._base import State, StateMismatchError, require_int
-from ..elastic import Pooling, redistributed_state, why_not_elastic
+from .._core.checks import require_int
+from .._core.protocol import State, StateMismatchError
+from ..distributed.elastic import Pooling, redistributed_state, why_not_elastic
 from .dataset import KIND, checked_state, reader_identity
 
 # The keys of torchdata 0.11's StatefulDataLoader states.

@@ -1,11 +1,11 @@
-"""Collating packed sequences (`infinibatch_like.packing`) into torch tensors with masks."""
+"""Collating packed sequences (`infinibatch_like.stages.packing`) into torch tensors with masks."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .._extras import missing_extra
+from .._core.extras import missing_extra
 
 if TYPE_CHECKING:
     import torch
@@ -34,7 +34,7 @@ class PackedBatch(NamedTuple):
         max_seqlen: the longest piece, for those kernels.
         origins: int64 ``(pieces, 5)`` for sequences packed with ``traced=True``: each
             piece's row, first and end token in the row, origin and offset in its document
-            (see `infinibatch_like.lineage`); else None.
+            (see `infinibatch_like.stats.lineage`); else None.
     """
 
     tokens: torch.Tensor
@@ -68,7 +68,7 @@ class PackedBatch(NamedTuple):
 
 
 def collate_packed(sequences: Sequence[Mapping[str, Any]]) -> PackedBatch:
-    """Stack packed sequences (`infinibatch_like.packing.PackedSequence` dicts, all of one
+    """Stack packed sequences (`infinibatch_like.stages.packing.PackedSequence` dicts, all of one
     `seq_len`) into a `PackedBatch`; use it as a DataLoader's ``collate_fn`` or in a
     `MapIterator` after a `FixedBatchIterator`.
 

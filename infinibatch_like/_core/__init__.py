@@ -1,0 +1,13 @@
+"""The core every other package builds on: the protocol, `Stage`, and the small pieces of
+machinery a stage needs.
+
+- `protocol`: `CheckpointableIterator`, `SkippableIterator`, `StateMismatchError`, `State`.
+- `stage`: `Stage`, the base of every stage of the library (states, restores, pickling).
+- `checks`: checks of constructor arguments (naming the stage and the argument).
+- `notes`: which stage's user callable raised an error (the note added to it).
+- `probe`: the per-stage counters of `infinibatch_like.stats`.
+- `stretch`: exact item counts of an iterator's stretches, for the probes.
+- `rng`: seeded generators whose position fits in a small state.
+- `fingerprint`: short, stable fingerprints of the arguments that decide a stream.
+- `extras`: the error raised when an optional extra is not installed.
+"""

@@ -1,0 +1,492 @@
+"""`Stage`: the machinery every stage of the library shares.
+
+A pipeline is a chain of stages. Each stage keeps its items flowing through a plain
+Python iterator (``_iterator``: a builtin ``map``/``zip``, a list iterator or a
+generator). A downstream stage pulls from its source's ``_iterator`` directly, so the
+per-item path of a chain crosses no Python-level ``__next__`` except the outermost one.
+States are computed on demand from what each stage tracks, never pickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import pickle
+import threading
+import weakref
+from abc import abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
+
+from .notes import note_error
+from .protocol import (
+    GATHERED_FORMAT,
+    CheckpointableIterator,
+    SkippableIterator,
+    State,
+    StateMismatchError,
+)
+
+if TYPE_CHECKING:
+    from .probe import StageProbe
+
+T = TypeVar("T")
+
+
+def copy_plain(value: Any) -> Any:
+    """A copy of `value`'s dicts and lists (the containers of a state); leaves are shared."""
+    if type(value) is dict:
+        return {key: copy_plain(item) for key, item in value.items()}
+    if type(value) is list:
+        return [copy_plain(item) for item in value]
+    return value
+
+
+def source_state(source: CheckpointableIterator[Any]) -> State:
+    """`source`'s state, for a downstream stage to record or to return within its own.
+
+    A stage's state is not copied here: ``getstate`` copies the whole state once, at the
+    stage it is called on, so recording a source's position costs no copy.
+    """
+    if isinstance(source, Stage):
+        return source._snapshot()
+    return source.getstate()
+
+
+def fast_iterator(source: Iterator[T]) -> Iterator[T]:
+    """The iterator a downstream stage should pull from to read `source`'s items."""
+    if isinstance(source, Stage):
+        inner: Iterator[T] = source._iterator
+        return inner
+    return source
+
+
+class _Halted(Iterator[Any]):
+    """Stands in for a stage's item iterator once it is closed or has failed."""
+
+    def __init__(self, message: str, cause: BaseException | None) -> None:
+        self._message = message
+        self._cause = cause
+
+    def __next__(self) -> NoReturn:
+        raise RuntimeError(self._message) from self._cause
+
+
+class Stage(CheckpointableIterator[T]):
+    """Base class of this library's stages: state checks, failure, close and pickling.
+
+    A subclass sets ``_sources`` (its upstream iterators), ``_state_fields`` (the keys of
+    its state besides ``"stage"`` and the type each value must have) and implements
+    ``_state()`` and ``_restore(state | None)``. ``_restore`` puts the upstream chain into
+    place (through `restore_source`) and rebuilds ``_iterator``. A stage records its
+    sources' positions with `source_state` (no copy) and, if some of its arguments decide
+    the stream, returns them from ``_arguments()``. A stage built with user callables names
+    their parameters in ``_user_callables``, so that an error they raise gets a note naming
+    the stage (see `_callables`); if such an error consumes the item the callable was given
+    (a builtin ``map``), ``_loses_input_on_error`` makes the state step the source back to
+    that item, or `getstate` refuse the undefined position until the next `setstate`.
+    A function that builds stages from its own arguments (``chunked_dataset_iterator``'s
+    `buffer_size` becomes a shuffle's `block_size`) names them with `label_arguments`, so
+    that a refused state names the argument the user passed.
+
+    The base class gives every stage the contract's guarantees: states in and out are
+    snapshots (`getstate` copies the state once, at the stage it is called on, and
+    `setstate` copies what it is given); keys added to a state by the caller are ignored
+    at every level; a state taken with other stream-deciding arguments is refused; after
+    `close`, `getstate` still returns the position at the close.
+
+    Restore the outermost stage (the one you iterate): it restores its sources. Calling
+    `setstate` directly on a stage that another stage consumes would leave that consumer
+    with its own position and buffers from before, reading a stream that no longer
+    matches them (infinibatch silently carries on so). Here the consumers, up to the
+    outermost stage, are marked at that call, at no per-item cost: their ``next()`` and
+    ``getstate()`` raise a RuntimeError naming both stages until the outermost stage is
+    restored (or reset with ``setstate(None)``).
+
+    Checkpoint:
+        ``{"stage": <class name>, **fields}``, plus ``"fingerprint"``: the stage's
+        stream-deciding arguments, for stages that have some (a state without one, as
+        written by version 0.1.0, is accepted unchecked).
+    """
+
+    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {}
+    _iterator: Iterator[T]
+    _upstream: tuple[Iterator[Any], ...] = ()
+    _consumers: list[weakref.ref[Stage[Any]]]
+    _closed: bool = False
+    _user_callables: ClassVar[tuple[str, ...]] = ()
+    """Constructor parameters that take user callables (named in error notes)."""
+    _loses_input_on_error: ClassVar[bool] = False
+    """Whether an error in a user callable consumes the item it was called on."""
+    _lost_input: str | None = None
+    _closed_state: State | None = None
+    _closed_reason: str = ""
+    _desync: str | None = None
+    _init_args: tuple[tuple[Any, ...], dict[str, Any]]
+    _probe: StageProbe | None = None
+    """Statistics' counters while they are on (`infinibatch_like.stats`), else None."""
+    _argument_labels: Mapping[str, str] = MappingProxyType({})
+    """How errors name this stage's arguments where a builder set them from its own (see
+    `label_arguments`)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Stage[T]:
+        self = super().__new__(cls)
+        self._init_args = (args, kwargs)
+        self._consumers = []
+        return self
+
+    @property
+    def _name(self) -> str:
+        return type(self).__name__
+
+    @property
+    def source(self) -> Iterator[Any]:
+        """The iterator this stage reads from, as the paths of errors and statistics name it
+        (``MapIterator.source > SelectManyIterator``).
+
+        Raises:
+            AttributeError: for a stage with several sources (see `sources`) or none.
+        """
+        if len(self._upstream) != 1:
+            raise AttributeError(
+                f"{self._name} has {len(self._upstream)} sources, not one: see its .sources"
+            )
+        return self._upstream[0]
+
+    @property
+    def sources(self) -> tuple[Iterator[Any], ...]:
+        """The iterators this stage reads from, in the order the paths of errors and
+        statistics number them (``ZipIterator.sources[1] > MapIterator``)."""
+        return self._upstream
+
+    @property
+    def _sources(self) -> tuple[Iterator[Any], ...]:
+        """The upstream iterators; setting them registers this stage as their consumer."""
+        return self._upstream
+
+    @_sources.setter
+    def _sources(self, sources: tuple[Iterator[Any], ...]) -> None:
+        self._upstream = tuple(sources)
+        for source in self._upstream:
+            if isinstance(source, Stage):
+                source._consumers.append(weakref.ref(self))
+
+    # -- iteration ---------------------------------------------------------------------
+
+    def __next__(self) -> T:
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            raise
+        except BaseException as error:
+            if not self._closed and not isinstance(self._iterator, _Halted):
+                if isinstance(error, Exception):
+                    note_error(self, error)
+                self._iterator = _Halted(
+                    f"{self._name} stopped after an error ({type(error).__name__}: {error}); "
+                    "call setstate() with a checkpoint to continue",
+                    error,
+                )
+            raise
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    def getstate(self) -> State:
+        state: State = copy_plain(self._snapshot())
+        return state
+
+    def _snapshot(self) -> State:
+        """The state, not copied: what `source_state` gives to downstream stages."""
+        if self._closed:
+            if self._closed_state is None:
+                raise RuntimeError(
+                    f"{self._name}.getstate: the iterator is closed and its position could "
+                    f"not be recorded at the close ({self._closed_reason})"
+                )
+            return self._closed_state
+        if self._desync is not None:
+            raise RuntimeError(self._desync)
+        fields = self._state() if self._lost_input is None else self._fields_after_lost_input()
+        state = {"stage": self._name, **fields}
+        fingerprint = self._fingerprint
+        if fingerprint:
+            state["fingerprint"] = fingerprint
+        return state
+
+    def _fields_after_lost_input(self) -> State:
+        """The state's fields after a user callable of this stage raised on an item taken
+        from the source: by default none (RuntimeError saying why); a stage whose source
+        can step back one item (`state_before_last`) returns the fields that re-attempt it."""
+        raise RuntimeError(self._lost_input)
+
+    def _state_before_last(self) -> State | None:
+        """The state that yields this stage's last yielded item again, or None if the
+        stage cannot tell. Asked only after an error lost that item downstream."""
+        return None
+
+    def setstate(self, checkpoint: State | None) -> None:
+        self._desync_consumers()
+        self._set(None if checkpoint is None else copy_plain(checkpoint))
+
+    def _set(self, checkpoint: State | None) -> None:
+        """`setstate` without copying `checkpoint` (this stage may keep parts of it)."""
+        if self._closed:
+            raise RuntimeError(f"{self._name}.setstate: the iterator is closed")
+        self._lost_input = self._desync = None
+        self._restore(None if checkpoint is None else self._checked(checkpoint))
+        if self._probe is not None:  # statistics on: count what the new iterator yields
+            self._probe.attach(self)
+
+    def _desync_consumers(self) -> None:
+        """Mark every stage downstream of this one as no longer matching its source."""
+        pending: list[Stage[Any]] = [self]
+        while pending:
+            for ref in pending.pop()._consumers:
+                consumer = ref()
+                if consumer is None or consumer._closed or consumer._desync is not None:
+                    continue
+                consumer._desync = (
+                    f"{consumer._name} no longer matches its source: {self._name}, which it "
+                    f"consumes, was restored directly with {self._name}.setstate(); restore "
+                    "the outermost stage (the one you iterate) instead, with "
+                    "pipeline.setstate(state) or pipeline.setstate(None)"
+                )
+                consumer._iterator = _Halted(consumer._desync, None)
+                pending.append(consumer)
+
+    def _checked(self, checkpoint: object) -> State:
+        """`checkpoint` checked against this stage, with keys the caller added removed.
+
+        The checkpoint is this pipeline's own copy (see `setstate`), so it is trimmed in
+        place: stages that keep part of it see the same trimmed dicts.
+        """
+        if not isinstance(checkpoint, dict):
+            raise self.mismatch(f"expected a dict, got {type(checkpoint).__name__}")
+        stage = checkpoint.get("stage")
+        if stage is None and checkpoint.get("format") == GATHERED_FORMAT:
+            raise self.mismatch(
+                "this is every rank's state gathered by gather_state(); restore it with "
+                "infinibatch_like.distributed.ranks.restore_state(pipeline, state), which gives "
+                "each rank its own"
+            )
+        if stage != self._name:
+            raise self.mismatch(f"expected a state of {self._name}, got one of {stage!r}")
+        missing = sorted(set(self._state_fields) - set(checkpoint))
+        if missing:
+            raise self.mismatch(f"the state lacks the fields {missing}")
+        for key, kind in self._state_fields.items():
+            value = checkpoint[key]
+            kinds = kind if isinstance(kind, tuple) else (kind,)
+            if not isinstance(value, kinds) or (
+                type(value) is bool and bool not in kinds and object not in kinds
+            ):
+                names = " or ".join(getattr(option, "__name__", str(option)) for option in kinds)
+                raise self.mismatch(
+                    f"state field {key!r} has type {type(value).__name__}, expected {names}"
+                )
+        known = {"stage", *self._state_fields}
+        fingerprint = self._fingerprint
+        if fingerprint and "fingerprint" in checkpoint:  # states of 0.1.0 have none
+            self._check_fingerprint(checkpoint["fingerprint"], fingerprint)
+            checkpoint["fingerprint"] = fingerprint
+            known.add("fingerprint")
+        for extra in [key for key in checkpoint if key not in known]:
+            del checkpoint[extra]
+        return checkpoint
+
+    @property
+    def _fingerprint(self) -> State:
+        cached: State | None = self.__dict__.get("_fingerprint_cache")
+        if cached is None:
+            cached = self.__dict__["_fingerprint_cache"] = self._arguments()
+        return cached
+
+    def _arguments(self) -> State:
+        """The arguments that decide the stream, as small plain data (computed once).
+
+        A state taken with other values is refused, naming the argument. Arguments that
+        may change at a restart (sizes of background buffers, read-ahead) are left out.
+        """
+        return {}
+
+    def label_arguments(self, labels: Mapping[str, str]) -> Stage[T]:
+        """Name some of this stage's arguments, in errors, as the builder of the pipeline
+        named the arguments they came from (``{"block_size": "chunked_dataset_iterator's
+        buffer_size"}``); returns the stage."""
+        self._argument_labels = MappingProxyType(dict(labels))
+        return self
+
+    def _argument_changed(self, name: str, saved: object, own: object) -> StateMismatchError:
+        """The error for a state taken with another value of the argument `name`."""
+        label = self._argument_labels.get(name)
+        taken = f"{name}={saved!r}, this stage has {name}={own!r}"
+        if label is not None:
+            taken = f"{label}={saved!r}, this pipeline has {own!r} ({self._name}'s {name})"
+        return self.mismatch(
+            f"the checkpoint was taken with {taken}; this argument decides the stream and "
+            "cannot change at a restart"
+        )
+
+    def _check_fingerprint(self, saved: object, own: State) -> None:
+        if not isinstance(saved, dict):
+            raise self.mismatch(f"state field 'fingerprint' must be a dict, got {saved!r}")
+        for name, value in own.items():
+            if name not in saved:
+                raise self.mismatch(f"the state's fingerprint lacks the argument {name!r}")
+            if type(saved[name]) is not type(value) or saved[name] != value:
+                raise self._argument_changed(name, saved[name], value)
+
+    def restore_source(self, source: Iterator[Any], state: State | None, where: str) -> None:
+        """Set `source` to `state`, naming `where` (e.g. ``"source"``) in mismatch errors."""
+        try:
+            if isinstance(source, Stage):
+                source._set(state)
+            elif isinstance(source, CheckpointableIterator):
+                source.setstate(state)
+        except StateMismatchError as error:
+            raise error.within(f"{self._name}.{where}") from None
+
+    def restore_sources(
+        self, sources: Sequence[Iterator[Any]], states: list[Any] | None, where: str
+    ) -> None:
+        """Restore each of `sources` from `states` (None resets them all)."""
+        if states is not None and len(states) != len(sources):
+            raise self.mismatch(
+                f"the checkpoint holds {len(states)} {where} states, this stage has {len(sources)}"
+            )
+        for index, state in enumerate(states or ()):
+            if not isinstance(state, dict):
+                raise self.mismatch(f"{where}[{index}] must be a dict, got {state!r}")
+        for index, source in enumerate(sources):
+            self.restore_source(
+                source, None if states is None else states[index], f"{where}[{index}]"
+            )
+
+    def mismatch(self, reason: str) -> StateMismatchError:
+        """A StateMismatchError raised by this stage itself."""
+        return StateMismatchError(reason, (self._name,))
+
+    @abstractmethod
+    def _state(self) -> State: ...
+
+    @abstractmethod
+    def _restore(self, state: State | None) -> None: ...
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release background resources; `getstate` keeps returning the position here."""
+        if self._closed:
+            return
+        try:
+            self._closed_state = self._snapshot()
+        except Exception as error:  # e.g. a stage that failed: getstate() will say so
+            self._closed_reason = f"{type(error).__name__}: {error}"
+        self._closed = True
+        self._iterator = _Halted(f"{self._name} is closed", None)
+        for source in self._sources:
+            if isinstance(source, CheckpointableIterator):
+                source.close()
+
+    # -- pickling: rebuild from the constructor arguments, then restore the state --------
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        if self._closed:
+            raise pickle.PicklingError(f"cannot pickle {self._name}: it is closed")
+        self._check_picklable_callables(protocol)
+        return _rebuilt(self, self.getstate())
+
+    def _check_picklable_callables(self, protocol: Any) -> None:
+        args, kwargs = self._init_args
+        signature = inspect.signature(type(self).__init__)
+        named = signature.bind_partial(self, *args, **kwargs).arguments
+        for param, value in list(named.items())[1:]:
+            if callable(value) and not isinstance(value, (type, CheckpointableIterator)):
+                try:
+                    getattr(_PICKLING, "dumps", pickle.dumps)(value, protocol)
+                except Exception as error:
+                    raise pickle.PicklingError(
+                        f"cannot pickle {self._name}: its {param} {value!r} cannot be pickled "
+                        f"({error}); use a module-level function or functools.partial"
+                    ) from error
+
+
+_PICKLING = threading.local()
+
+
+@contextlib.contextmanager
+def callable_pickling(dumps: Callable[[Any, Any], bytes]) -> Iterator[None]:
+    """Within this block, stages being pickled check their callables with `dumps` (e.g.
+    ``cloudpickle.dumps``, which pickles lambdas) instead of plain pickle."""
+    _PICKLING.dumps = dumps
+    try:
+        yield
+    finally:
+        del _PICKLING.dumps
+
+
+class _Unrestored:
+    """Pickles a source stage without its state (the outer stage restores the chain)."""
+
+    def __init__(self, stage: Stage[Any]) -> None:
+        self.stage = stage
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        self.stage._check_picklable_callables(protocol)
+        return _rebuilt(self.stage, None)
+
+
+def _rebuilt(stage: Stage[Any], state: State | None) -> tuple[Any, ...]:
+    """How pickle rebuilds `stage`: from its constructor arguments, restored to `state`,
+    with the argument labels its builder gave it."""
+    args, kwargs = stage._init_args
+    rebuild = (_rebuild, (type(stage), _unrestored(args), _unrestored(kwargs), state))
+    labels = stage.__dict__.get("_argument_labels")
+    return rebuild if labels is None else (*rebuild, {"_argument_labels": dict(labels)})
+
+
+def _unrestored(value: Any) -> Any:
+    if isinstance(value, Stage):
+        return _Unrestored(value)
+    if type(value) in (list, tuple) and any(isinstance(item, Stage) for item in value):
+        return type(value)(_unrestored(item) for item in value)
+    if type(value) is dict and any(isinstance(item, Stage) for item in value.values()):
+        return {key: _unrestored(item) for key, item in value.items()}
+    return value
+
+
+def _rebuild(
+    cls: Callable[..., Stage[Any]],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    state: State | None,
+) -> Stage[Any]:
+    stage = cls(*args, **kwargs)
+    if state is not None:
+        stage.setstate(state)
+    return stage
+
+
+def state_before_last(source: Iterator[Any]) -> State | None:
+    """`source`'s state one item back (see `Stage._state_before_last`), if it can tell."""
+    return source._state_before_last() if isinstance(source, Stage) else None
+
+
+def skip_items(stage: Stage[Any], iterator: Iterator[Any], n: int, what: str) -> None:
+    """Skip `n` items of `iterator` while `stage` restores (with its ``skip`` where it is a
+    `SkippableIterator`); a mismatch if it ends early."""
+    if isinstance(iterator, SkippableIterator):
+        skipped = iterator.skip(n)
+        if skipped < n:
+            raise stage.mismatch(
+                f"the checkpoint skips {n} items of {what}, but there are only {skipped}"
+            )
+        return
+    for index in range(n):
+        try:
+            next(iterator)
+        except StopIteration:
+            raise stage.mismatch(
+                f"the checkpoint skips {n} items of {what}, but there are only {index}"
+            ) from None

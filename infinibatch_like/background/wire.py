@@ -1,0 +1,163 @@
+"""How objects and bytes cross a process boundary.
+
+Pipelines and transforms go to a worker process with plain ``pickle`` where it works, else
+with ``cloudpickle`` (the ``parallel`` extra), which also sends lambdas and local
+functions by value. Messages are plain ``pickle`` bytes (protocol 5) in length-prefixed
+frames on a pipe: the reader polls the pipe itself and reads what is there without
+blocking, so a writer that dies half-way through a large message never hangs it. This
+also bypasses the reductions that ``torch.multiprocessing`` installs into
+multiprocessing's pickler (shared memory through file descriptors): no descriptor is
+sent and no semaphore is ever created. Large numpy arrays and CPU tensors in the
+messages of worker processes go through the library's own shared memory instead
+(`shm`: one copy, by the worker). `send_frames` writes frames to a socket (a fan-out's
+consumers in other processes).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .._core.stage import callable_pickling
+
+PROTOCOL = pickle.HIGHEST_PROTOCOL
+
+_HEADER = 8
+"""Bytes of a frame's length prefix (little-endian unsigned)."""
+
+
+def dumps_for_worker(owner: str, what: str, value: object, method: str) -> bytes:
+    """Pickle `value` (part of `owner`'s pipeline) for a worker started by `method`,
+    with cloudpickle where plain pickle fails; or raise a PicklingError naming it."""
+    try:
+        return pickle.dumps(value, PROTOCOL)
+    except Exception as error:
+        first: Exception = error
+    try:
+        import cloudpickle
+    except ImportError:
+        raise pickle.PicklingError(
+            f"{owner}: cannot send its {what} to a worker process started with {method!r} "
+            f"({type(first).__name__}: {first}). Lambdas and local functions need "
+            "cloudpickle: pip install 'infinibatch_like[parallel]'; or use start_method='fork' "
+            "or mode='thread'"
+        ) from first
+    try:
+        with callable_pickling(cloudpickle.dumps):
+            data: bytes = cloudpickle.dumps(value, PROTOCOL)
+        return data
+    except Exception as error:
+        raise pickle.PicklingError(
+            f"{owner}: cannot send its {what} to a worker process started with {method!r} "
+            f"({type(error).__name__}: {error}): open files, locks, running generators and "
+            "the like cannot be sent; create them inside the worker (e.g. in read_chunk_fn), "
+            "or use start_method='fork' or mode='thread'"
+        ) from error
+
+
+def first_unpicklable(values: list[object]) -> tuple[int, Exception] | None:
+    """The index of the first of `values` that plain pickle cannot send, and its error;
+    None if each can be sent (used after a whole message failed to pickle)."""
+    for index, value in enumerate(values):
+        try:
+            pickle.dumps(value, PROTOCOL)
+        except Exception as error:
+            return index, error
+    return None
+
+
+def write_frame(fd: int, data: bytes) -> None:
+    """Write `data` as one frame to the (blocking) pipe `fd`."""
+    view = memoryview(len(data).to_bytes(_HEADER, "little") + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class FrameReader:
+    """Reads frames from a pipe without ever blocking on it: `read` returns a frame, or
+    None if none is complete within `timeout`; EOFError when every writer closed the pipe.
+    A frame written in pieces is assembled across calls."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self.fd = fd
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN)
+        self._header = bytearray(_HEADER)
+        self._body: bytearray | None = None
+        self._filled = 0
+
+    def _read_some(self) -> bytearray | None:
+        """Read what the pipe holds of the current frame; the frame once complete."""
+        while True:
+            target = self._header if self._body is None else self._body
+            if self._filled < len(target):
+                try:
+                    count = os.readv(self.fd, [memoryview(target)[self._filled :]])
+                except BlockingIOError:
+                    return None
+                if count == 0:
+                    raise EOFError("the worker closed its end of the pipe")
+                self._filled += count
+                if self._filled < len(target):
+                    continue
+            self._filled = 0
+            if self._body is None:
+                self._body = bytearray(int.from_bytes(self._header, "little"))
+                continue
+            body, self._body = self._body, None
+            return body
+
+    def read(self, timeout: float) -> bytearray | None:
+        """The next frame, waiting up to `timeout` seconds for it to complete."""
+        deadline = time.monotonic() + timeout
+        while True:
+            frame = self._read_some()
+            if frame is not None:
+                return frame
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._poll.poll(1000 * left):
+                return None
+
+
+def read_until(
+    reader: FrameReader, alive: Callable[[], bool], poll_s: float, last_words_s: float
+) -> bytearray | None:
+    """The next frame of `reader`, waiting while `alive()`: None once the writer is gone
+    and nothing complete came within `last_words_s`."""
+    while True:
+        try:
+            frame = reader.read(poll_s)
+        except EOFError:
+            return None
+        if frame is not None:
+            return frame
+        if not alive():
+            try:
+                return reader.read(last_words_s)
+            except EOFError:
+                return None
+
+
+def send_frames(sock: socket.socket, *messages: tuple[Any, ...] | bytes) -> None:
+    """Send `messages` (tuples, or tuples already pickled) as frames, in as few system
+    calls as the socket takes, without copying them into one buffer."""
+    parts: list[memoryview] = []
+    for message in messages:
+        data = message if isinstance(message, bytes) else pickle.dumps(message, PROTOCOL)
+        parts += [memoryview(len(data).to_bytes(8, "little")), memoryview(data)]
+    while parts:
+        sent = sock.sendmsg(parts[:_MOST_PARTS])
+        while parts and sent >= len(parts[0]):
+            sent -= len(parts.pop(0))
+        if sent:
+            parts[0] = parts[0][sent:]
+
+
+_MOST_PARTS = 64
+"""Buffers per ``sendmsg`` call (well under the system's limit, IOV_MAX)."""

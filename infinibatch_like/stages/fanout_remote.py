@@ -1,0 +1,214 @@
+"""Fan-out consumers in other processes of the host: the owner serves them on a Unix
+socket (`_fanout_server.Server`), each attaches by its path (`attach`).
+
+Messages are pickled tuples in the frames of `_background.wire`, one request and one
+reply at a time: ``("attach", index, pid)``, ``("next", most)``, ``("getstate", held)``,
+``("setstate", state)``, ``("close", held)`` (`held`: items received and not used). A
+reply is ``("ok", value)``, ``("end",)`` or ``("error", report)``; ``("next", most)`` is
+answered by ``("items", k)`` and the replies of k items (the last may be an end or an
+error), each pickled once by the owner for every consumer. The owner answers each
+consumer in a thread of its own; a consumer waits for a reply while the owner process
+lives (an owner that dies or closes is seen at once, by the end of the socket, or within
+`POLL_S` by its pid).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import socket
+import time
+import weakref
+from collections import deque
+from typing import Any, Generic, NoReturn, TypeVar
+
+from .._core.checks import require_int
+from .._core.protocol import State
+from ..background import wire
+from ..background.errors import WorkerError, as_exception
+from ..background.fanout_hub import NAME
+from ..background.fanout_server import SEND_TIMEOUT_S
+from ..background.lifecycle import LAST_WORDS_S, POLL_S, check_interrupt, parent_alive
+from .fanout import FanOutStage
+
+T = TypeVar("T")
+
+_CONNECTIONS: weakref.WeakSet[_Connection] = weakref.WeakSet()
+
+
+class _Connection:
+    """A consumer's connection to the owner: one request and its reply at a time."""
+
+    def __init__(self, address: str, index: int, timeout: float) -> None:
+        self.address, self.index = address, index
+        self.socket = _connect(address, timeout)
+        self.reader = wire.FrameReader(self.socket.fileno())
+        self.owner_pid = 0
+        self.close = weakref.finalize(self, self.socket.close)
+        _CONNECTIONS.add(self)
+
+    def _owner_alive(self) -> bool:
+        check_interrupt()
+        return self.owner_pid == 0 or parent_alive(self.owner_pid)
+
+    def call(self, request: tuple[Any, ...]) -> Any:
+        """Send `request`, return the owner's answer (raising its error)."""
+        try:
+            wire.send_frames(self.socket, request)
+        except OSError:  # the connection was reset: the owner is gone
+            self._lost()
+        return self.opened(self._receive())
+
+    def fetch(self, most: int) -> list[bytearray]:
+        """The replies of this consumer's next item and of up to `most` - 1 more."""
+        count: int = self.call(("next", most))
+        return [self._receive() for _ in range(count)]
+
+    def _receive(self) -> bytearray:
+        try:
+            frame = wire.read_until(self.reader, self._owner_alive, POLL_S, LAST_WORDS_S)
+        except OSError:  # the connection was reset: the owner is gone
+            frame = None
+        except BaseException:  # an interrupted exchange leaves the connection unusable
+            self.close()
+            raise
+        if frame is None:
+            self._lost()
+        return frame
+
+    def _lost(self) -> NoReturn:
+        self.close()
+        raise WorkerError(
+            f"{NAME}: the owner (pid {self.owner_pid or 'unknown'}) serving "
+            f"{self.address} closed or died while consumer {self.index} waited for "
+            "it; attach again to a new owner and setstate() from a checkpoint"
+        )
+
+    @staticmethod
+    def opened(frame: bytes | bytearray) -> Any:
+        """The value of a reply, or its error raised (StopIteration at the end)."""
+        reply = pickle.loads(frame)
+        if reply[0] == "end":
+            raise StopIteration
+        if reply[0] == "error":
+            raise as_exception(reply[1])
+        return reply[1]
+
+    def hang_up(self) -> None:
+        """Close, once the owner has closed its end (its serving thread is done then)."""
+        deadline = time.monotonic() + LAST_WORDS_S
+        with contextlib.suppress(EOFError, OSError):
+            while time.monotonic() < deadline:
+                self.reader.read(POLL_S)
+        self.close()
+
+
+class _Remote:
+    """The items of a remote consumer, fetched `prefetch` at a time at most."""
+
+    def __init__(self, connection: _Connection, prefetch: int) -> None:
+        self._fetch, self._opened, self._prefetch = connection.fetch, connection.opened, prefetch
+        self._replies: deque[bytearray] = deque()
+
+    def __iter__(self) -> _Remote:
+        return self
+
+    def __next__(self) -> Any:
+        if not self._replies:
+            self._replies.extend(self._fetch(self._prefetch))
+        return self._opened(self._replies.popleft())
+
+    def held(self) -> int:
+        """Items received and not used yet."""
+        return len(self._replies)
+
+
+class RemoteConsumer(FanOutStage[T], Generic[T]):
+    """A consumer of a `FanOut` served by another process of this host (see `attach`).
+
+    Checkpoint:
+        The whole fan-out's state, as for `FanOutConsumer` (asked of the owner).
+    """
+
+    def __init__(
+        self, address: str, index: int, *, timeout: float = 60.0, prefetch: int = 1
+    ) -> None:
+        require_int(NAME, "prefetch", prefetch, 1)
+        self._index, self._prefetch = index, prefetch
+        self._connection = connection = _Connection(address, index, timeout)
+        self._final: State | None = None
+        self._count, self._mode, connection.owner_pid = connection.call(
+            ("attach", index, os.getpid())
+        )
+        self._iterator = _Remote(connection, prefetch)
+
+    def _held(self) -> int:
+        iterator = self._iterator
+        return iterator.held() if isinstance(iterator, _Remote) else 0
+
+    def _state(self) -> State:
+        if self._final is not None:
+            return self._final
+        fields: State = self._connection.call(("getstate", self._held()))
+        return fields
+
+    def _restore(self, state: State | None) -> None:
+        self._connection.call(("setstate", state))
+        self._iterator = _Remote(self._connection, self._prefetch)
+
+    def close(self) -> None:
+        """Tell the owner this consumer is closed (it holds no one back any more), then
+        close the connection. Idempotent."""
+        connection = self._connection
+        if not self._closed and connection.close.alive:
+            with contextlib.suppress(Exception):  # an owner gone: getstate() will say so
+                self._final = connection.call(("close", self._held()))
+        super().close()
+        connection.hang_up()
+
+
+def _connect(address: str, timeout: float) -> socket.socket:
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(address)
+        except (FileNotFoundError, ConnectionRefusedError) as error:
+            sock.close()
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{NAME}: no fan-out serves at {address!r} (waited timeout={timeout} s: "
+                    f"{error.strerror}); start its owner with FanOut.serve({address!r})"
+                ) from None
+            time.sleep(0.05)
+            continue
+        sock.settimeout(SEND_TIMEOUT_S)
+        return sock
+
+
+def attach(
+    address: str, index: int, *, timeout: float = 60.0, prefetch: int = 1
+) -> RemoteConsumer[Any]:
+    """Consumer `index` of the fan-out served at `address` (`FanOut.serve`), from any
+    process of this host; waits up to `timeout` seconds for the owner to serve.
+
+    With `prefetch` > 1, each request to the owner brings up to that many items that are
+    ready (fewer round trips). The consumer's own ``getstate()`` stays exact; in states
+    taken by the owner or by other consumers, its position counts the items it received,
+    up to ``prefetch - 1`` more than it used.
+
+    Raises:
+        TimeoutError: if nothing serves at `address` within `timeout`.
+        ValueError: if the index is out of range or already attached.
+    """
+    return RemoteConsumer(address, index, timeout=timeout, prefetch=prefetch)
+
+
+def _after_fork_in_child() -> None:
+    for connection in list(_CONNECTIONS):
+        connection.socket.close()  # in the child only: the parent's stays open
+    _CONNECTIONS.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
