@@ -10,6 +10,21 @@ files into a record chunk and `write_webdataset` samples into a tar shard. Every
 names the chunk. `FetchOptions` sets how remote objects are fetched (concurrent byte
 ranges, a local cache shared by the processes of a host); `storage_counts` tells what was
 fetched.
+
+Modules:
+
+- `streams`: `open_chunk`, a chunk's decompressed bytes, local or remote.
+- `readers`: `read_lines` and `read_jsonl`; `_lines`: the line splitter under them.
+- `records`: binary record files (many small blobs in one chunk).
+- `webdataset`: WebDataset tar shards.
+- `parquet`, `arrow_ipc`, `_tables`: columnar files, one chunk per row group or batch.
+- `listing`, `_walk`: finding chunk files (globs, recursive walks).
+- `output`: `open_output`, writing a chunk atomically, locally or to a store.
+- `errors`: the chunk errors, each naming the chunk.
+- `retry`: retries of transient storage failures.
+- `fetch_options`, `_ranges`, `_cache`: how remote objects are fetched (ranges in flight,
+  the local cache).
+- `_storage`, `_compression`, `_zstd`, `_counts`: filesystems, decompressors, fetch counts.
 """
 
 from .._core.protocol import SkippableIterator
