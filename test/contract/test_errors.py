@@ -100,7 +100,7 @@ def test_foreign_state_names_the_path_to_the_stage() -> None:
 
 
 def test_gathered_state_given_to_setstate_points_to_restore_state() -> None:
-    from infinibatch_like.distributed.ranks import gather_state
+    from infinibatch_like.distributed import gather_state
 
     pipeline = it.MapIterator(native(), str)
     next(pipeline)
