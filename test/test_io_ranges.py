@@ -13,6 +13,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from typing import BinaryIO, cast
 
 import pytest
 from _s3 import FaultyProxy
@@ -398,15 +399,14 @@ def test_fetch_options_travel_in_a_partial_to_a_reader(s3: S3Bucket) -> None:
     assert storage_counts()["requests"] == -(-len(data) // 50_000)
 
 
-def test_a_stream_read_in_a_forked_child_fails_at_once_rather_than_hang() -> None:
-    stream = reader(FakeStore(bytes(10_000)), 100, 4)
-    assert stream.read(50) == bytes(50)
+def read_in_a_forked_child(stream: BinaryIO, size: int) -> str:
+    """What a forked child's two reads of `size` bytes of `stream` gave: their error."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its copy of the stream has no threads
         try:
-            stream.read(100)
-            stream.read(100)
+            stream.read(size)
+            stream.read(size)
             os.write(write_end, b"read without an error")
         except ChunkReadError as error:
             os.write(write_end, str(error).encode())
@@ -416,9 +416,32 @@ def test_a_stream_read_in_a_forked_child_fails_at_once_rather_than_hang() -> Non
     with os.fdopen(read_end, "rb") as answer:
         message = answer.read().decode()
     os.waitpid(pid, 0)
-    assert message == (
+    return message
+
+
+def test_a_stream_read_in_a_forked_child_fails_at_once_rather_than_hang() -> None:
+    stream = reader(FakeStore(bytes(10_000)), 100, 4)
+    assert stream.read(50) == bytes(50)
+    assert read_in_a_forked_child(cast(BinaryIO, stream), 100) == (
         f"s3://b/object: this stream was opened in process {os.getpid()} and cannot be read "
         "in a forked child; open the chunk again in this process"
     )
     assert stream.read(100) == bytes(50)  # the parent's goes on
+    stream.close()
+
+
+def test_an_s3_stream_read_one_range_at_a_time_in_a_forked_child_fails_at_once(
+    s3: S3Bucket,
+) -> None:
+    data = big_text(1 << 18, seed=6)
+    url = s3.put("forked.txt", data)
+    options = {"default_block_size": 1 << 14, "infinibatch_like": {"ranges_in_flight": 0}}
+    stream = open_chunk(url, storage_options=options, retry=FAST)
+    assert stream.read(100) == data[:100]  # the first block of 16 KiB
+    assert read_in_a_forked_child(stream, 1 << 18) == (
+        f"reading bytes 16384-32767 of {url} failed: RuntimeError: its event loop runs in "
+        f"process {os.getpid()}, not in this forked child: open the object again in this "
+        "process"
+    )
+    assert stream.read() == data[100:]  # the parent's goes on
     stream.close()

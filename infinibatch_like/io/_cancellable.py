@@ -12,6 +12,7 @@ once the task has ended.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -57,15 +58,22 @@ class _Call:
 class LoopFetch:
     """``fetch(start, end)`` (thread-safe): ``request(start, end)`` run on `loop`, an event
     loop running in another thread, while the calling thread waits; `cancel` ends the
-    requests in flight at once and makes later ones raise `RequestCancelled`."""
+    requests in flight at once and makes later ones raise `RequestCancelled`. In a forked
+    child, where no thread runs the loop, a request fails at once (RuntimeError)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, request: Request) -> None:
         self._loop, self._request = loop, request
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._calls: set[_Call] = set()
         self._cancelled = False
 
     def __call__(self, start: int, end: int) -> bytes:
+        if os.getpid() != self._pid:
+            raise RuntimeError(
+                f"its event loop runs in process {self._pid}, not in this forked child: "
+                "open the object again in this process"
+            )
         call = _Call(self._request(start, end))
         with self._lock:  # started before `cancel` can see it: the loop runs them in order
             if self._cancelled:
@@ -93,6 +101,8 @@ class LoopFetch:
     def cancel(self) -> None:
         """Cancel the requests in flight (their threads return once each has ended) and
         refuse new ones."""
+        if os.getpid() != self._pid:  # a forked child's copy: the requests are the parent's
+            return
         with self._lock:
             self._cancelled = True
             for call in self._calls:
