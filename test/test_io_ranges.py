@@ -261,6 +261,18 @@ def test_close_cancels_the_requests_in_flight_and_waits_for_their_cleanup(
         fetch(300, 400)  # and no request starts after
 
 
+def test_a_request_on_a_closed_event_loop_fails_rather_than_wait_forever() -> None:
+    async def request(start: int, end: int) -> bytes:
+        return bytes(end - start)
+
+    stopped = asyncio.new_event_loop()  # no thread runs it; it is closed during the request
+    threading.Timer(0.3, stopped.close).start()
+    with pytest.raises(RuntimeError, match="its event loop was closed during the request"):
+        LoopFetch(stopped, request)(0, 10)
+    with pytest.raises(RuntimeError, match="Event loop is closed"):
+        LoopFetch(stopped, request)(0, 10)
+
+
 def big_text(size: int, seed: int = 0) -> bytes:
     """Lines of random hex, about `size` bytes."""
     rng = random.Random(seed)

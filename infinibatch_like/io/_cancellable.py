@@ -88,8 +88,13 @@ class LoopFetch:
         try:
             while not call.ended.wait(POLL_S):
                 check_interrupt()
+                if self._loop.is_closed():  # the request will never run, nor end
+                    raise RuntimeError("its event loop was closed during the request")
         except BaseException:  # interrupted: the request is of no use any more
-            self._loop.call_soon_threadsafe(call.cancel)
+            if not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(call.cancel)
+            elif call.task is None:  # never started, and never will be
+                call.coroutine.close()
             raise
         finally:
             with self._lock:
