@@ -16,20 +16,22 @@ environment) says.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, BinaryIO, cast
 
 from .._core.extras import missing_extra
 from ._cache import ChunkCache
-from ._ranges import RangeReader, fetch_range
+from ._cancellable import LoopFetch
+from ._ranges import Fetch, RangeReader, fetch_range
 from .errors import ChunkReadError
 from .fetch_options import FetchOptions, fetch_options, without_fetch_options
-from .retry import RetryPolicy, call_with_retries, named_error
+from .retry import RetryPolicy, call_with_retries, error_codes, named_error
 
 StorageOptions = Mapping[str, Any]
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
@@ -147,12 +149,11 @@ def _ranged(
             return cached
         sink = cache.writer(entry, size)
     concurrent = options.ranges_in_flight > 0 and size >= options.ranges_from_size
-    # ``_fetch_range(start, end)`` is how every fsspec buffered file fetches bytes (its
-    # block caches call it); s3fs's sends If-Match with the ETag seen at opening.
+    fetch, cancel = _range_requests(file, ref)
     return cast(
         BinaryIO,
         RangeReader(
-            file._fetch_range,
+            fetch,
             ref,
             size,
             range_size=options.range_size if concurrent else max(1, int(file.blocksize)),
@@ -161,16 +162,52 @@ def _ranged(
             expired=partial(_expired, ref, _identity(file)),
             sink=sink,
             release=file.close,
+            cancel=cancel,
         ),
     )
+
+
+def _range_requests(file: Any, ref: str) -> tuple[Fetch, Callable[[], None] | None]:
+    """How the ranges of the opened fsspec buffered `file` are fetched, and how its requests
+    in flight are cancelled: for s3fs, as tasks on its file system's event loop (a closed
+    reader cancels them); else by ``_fetch_range(start, end)``, how every fsspec buffered
+    file fetches bytes (its block caches call it), whose requests cannot be cancelled."""
+    loop = getattr(file.fs, "loop", None)
+    if protocol_of(ref) in _S3 and isinstance(loop, asyncio.AbstractEventLoop):
+        requests = LoopFetch(loop, partial(_s3_range, file, ref))
+        return requests, requests.cancel
+    return file._fetch_range, None
+
+
+async def _s3_range(file: Any, ref: str, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of the s3fs `file` `ref`, requested as its ``_fetch_range``
+    does (its version; If-Match the ETag seen at opening, where s3fs sends it), with the
+    ETag of the answer checked too (for stores that ignore If-Match)."""
+    version = {"VersionId": file.version_id} if file.version_id else {}
+    response = await file.fs._call_s3(
+        "get_object",
+        Bucket=file.bucket,
+        Key=file.key,
+        Range=f"bytes={start}-{end - 1}",
+        **version,
+        **getattr(file, "read_kw", {}),
+    )
+    body = response["Body"]
+    try:
+        identity = _identity(file)
+        if identity[1] is not None and response.get("ETag", identity[1]) != identity[1]:
+            raise _changed(ref, identity, f"ETag {response['ETag']}")
+        return bytes(await body.read())
+    finally:
+        body.close()  # before its end: its connection is closed, not reused
 
 
 def _expired(
     ref: str, identity: tuple[object, object], error: BaseException
 ) -> ChunkReadError | None:
-    """The error for a range request refused because the object changed (s3fs's
-    ``FileExpired``: its If-Match failed), else None."""
-    if type(error).__name__ != "FileExpired":
+    """The error for a range request refused because the object changed (its If-Match
+    failed: s3fs's ``FileExpired``, or the ``PreconditionFailed`` of S3), else None."""
+    if type(error).__name__ != "FileExpired" and "PreconditionFailed" not in error_codes(error):
         return None
     return _changed(ref, identity, "another ETag")
 

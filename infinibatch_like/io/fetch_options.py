@@ -56,6 +56,9 @@ class FetchOptions:
     an object store that caps each request's rate delivers about `ranges_in_flight` times
     more. Each range is retried on its own; no byte is fetched twice but by a retry.
     Smaller objects are fetched in ranges of the file system's block size, one at a time.
+    Closing a stream (or dropping it) stops its threads at once: for ``s3://`` its requests
+    in flight are cancelled and their connections closed, however slow the store; with
+    other fsspec file systems each thread first finishes the request it is in.
 
     With `cache_dir`, every object read whole is kept there (keyed by its URL, size and
     ETag), and read from there while it is unchanged: the ranks of one host share it, and

@@ -157,22 +157,30 @@ def test_every_item_is_delivered_once_across_a_change_of_ranks(
 @pytest.mark.parametrize("factory", [endless_factory, mixed_factory, chain_factory])
 def test_endless_shards_continue_the_same_whatever_the_number_of_ranks(factory: Any) -> None:
     shards, per_shard = 6, 12
+    threads_before = set(threading.enumerate())
     reference: dict[int, list[Any]] = defaultdict(list)
-    for item in islice(ShardedIterator(factory, shards, 0, 1), 200):
-        reference[shard_of(item, shards)].append(item)
+    with ShardedIterator(factory, shards, 0, 1) as whole:
+        for item in islice(whole, 200):
+            reference[shard_of(item, shards)].append(item)
     old = [ShardedIterator(factory, shards, rank, 2) for rank in range(2)]
     for rank, pipeline in enumerate(old):
         list(islice(pipeline, 5 + 4 * rank))  # uneven progress per rank
     states = [pipeline.getstate() for pipeline in old]
     start = {shard: count for pipeline in old for shard, count in pipeline.delivered.items()}
+    for pipeline in old:
+        pipeline.close()
     for new in (1, 2, 3, 6):
         seen: dict[int, list[Any]] = defaultdict(list)
         for pipeline in resumed(factory, shards, states, new):
-            for item in islice(pipeline, per_shard * len(pipeline.shards)):
-                seen[shard_of(item, shards)].append(item)
+            with pipeline:
+                for item in islice(pipeline, per_shard * len(pipeline.shards)):
+                    seen[shard_of(item, shards)].append(item)
         for shard in range(shards):
             expected = reference[shard][start[shard] : start[shard] + per_shard]
             assert seen[shard] == expected, (new, shard)
+    # closed, every shard's workers (chain_factory's worker threads) are gone, without
+    # waiting for the garbage collector to break the pipelines' reference cycles
+    assert [t.name for t in set(threading.enumerate()) - threads_before] == []
 
 
 def test_load_per_rank_is_balanced_after_a_change_of_ranks() -> None:
