@@ -380,7 +380,6 @@ class PackingIterator(Stage[PackedSequence]):
         np, seq_len, fill = self._np, self._seq_len, bin_.fill
         pieces = bin_.pieces
         lengths = [len(piece) for piece in pieces]
-        segments = len(lengths)
         tokens = np.empty(seq_len, dtype=np.int64)
         np.concatenate(pieces, out=tokens[:fill], casting="unsafe")
         if fill < seq_len:
