@@ -6,10 +6,10 @@ import logging
 import math
 import numbers
 from bisect import bisect_right
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
 from itertools import accumulate
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 from ._base import (
     CheckpointableIterator,
@@ -117,8 +117,6 @@ class WeightedMultiplexIterator(Stage[T]):
         redraws at most 2**24 words at C speed and re-reads nothing.
     """
 
-    _item_cost: Callable[[Any], int] | None = None
-    """What each item adds to its source's count: None counts items (subclasses: a cost)."""
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
         "sources": list,
         "weights": list,
@@ -173,7 +171,7 @@ class WeightedMultiplexIterator(Stage[T]):
 
     def _state(self) -> State:
         return {
-            "sources": [source_state(source) for source in self._choices],
+            "sources": self._source_states(),
             "weights": list(self._weights),
             "initial_weights": list(self._initial),
             "seed": self._seed,
@@ -182,6 +180,9 @@ class WeightedMultiplexIterator(Stage[T]):
             "active": list(self._active),
             "ended": self._ended,
         }
+
+    def _source_states(self) -> list[State]:
+        return [source_state(source) for source in self._choices]
 
     def _restore(self, state: State | None) -> None:
         count = len(self._choices)
@@ -236,24 +237,27 @@ class WeightedMultiplexIterator(Stage[T]):
         self._spread = max(2 * len(self._live) - 2, 1)
 
     def _generate(self) -> Iterator[T]:
-        pulls = [fast_iterator(source) for source in self._choices]
+        self._pulls = [fast_iterator(source) for source in self._choices]
         choose = self._scheduled if self._exact else self._drawn
-        cost = self._item_cost
         while not self._ended:
             if not self._live:
                 self._ended = True
                 return
             index = choose()
             try:
-                item = next(pulls[index])
+                item, cost = self._take(index)
             except StopIteration:
                 self._active[index] = False
                 self._ended = self._stop_first
-                self._counts = [0] * len(pulls)
+                self._counts = [0] * len(self._choices)
                 self._plan()
                 continue
-            self._counts[index] += 1 if cost is None else cost(item)
+            self._counts[index] += cost
             yield item
+
+    def _take(self, index: int) -> tuple[T, int]:
+        """The next item of source `index` and what it adds to the source's count."""
+        return next(self._pulls[index]), 1
 
     def _drawn(self) -> int:
         """A source drawn at random in proportion to the weights of the live sources."""
