@@ -98,8 +98,11 @@ def test_each_source_s_cost_stays_within_half_an_item_of_its_share(
     lengths = [data.draw(costs) for _ in weights]
     total_weight = sum(weights)
     share = [Fraction(weight, total_weight) for weight in weights]
-    largest = [max(sizes) if weight else 0 for sizes, weight in zip(lengths, weights)]
-    bound = [(1 - w) * most / 2 + w * (sum(largest) - most) / 2 for w, most in zip(share, largest)]
+    largest = [max(sizes) if weight else 0 for sizes, weight in zip(lengths, weights, strict=True)]
+    bound = [
+        (1 - w) * most / 2 + w * (sum(largest) - most) / 2
+        for w, most in zip(share, largest, strict=True)
+    ]
     spent = [0] * len(weights)
     stream = mixer([cycled(x) for x in lengths], weights, exact=exact, seed=4)
     for item, index in zip(stream, range(300), strict=False):
