@@ -13,6 +13,8 @@ import infinibatch_like.iterators as it
 from infinibatch_like import PackingIterator, TokenBudgetMultiplexIterator
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.lineage import (
+    UNKNOWN,
+    LineageLog,
     TokenOrigin,
     explain,
     of_value,
@@ -192,3 +194,62 @@ def test_origins_go_through_bucketing_and_a_json_restore() -> None:
         for origin, tokens in batch:
             chunk, record = origin_parts(origin)
             assert tokens == tokenize(CHUNKS[REFS[chunk]][record])
+
+
+def shuffled_pipeline(traced: bool) -> Any:
+    """Records -> buffered shuffle -> tokenize -> bucketed batches by length -> documents
+    -> best-fit packing -> batches of 2 sequences; plain or its traced twin."""
+    reader: Any = traced_chunks(read_chunk, REFS) if traced else read_chunk
+    records = chunked_dataset_iterator(REFS, reader, buffer_size=9, seed=3, shuffle=False)
+    shuffled = it.BufferedShuffleIterator(records, 12, seed=5)
+    tokens = it.MapIterator(shuffled, on_value(tokenize) if traced else tokenize)
+    length: Any = of_value(len) if traced else len
+    buckets = it.BucketedReadaheadBatchIterator(tokens, 10, key=length, batch_size=3, seed=6)
+    documents = it.SelectManyIterator(buckets)
+    packed = PackingIterator(
+        documents, 16, strategy="best_fit", window=3, bos_id=BOS, eos_id=EOS, traced=traced
+    )
+    return it.MapIterator(it.FixedBatchIterator(packed, 2), collate_packed)
+
+
+def check_step(origins: list[TokenOrigin], batch: Any) -> None:
+    """The ranges cover every real token; those of known origin hold its tokens."""
+    assert sum(origin.end - origin.start for origin in origins) == int(batch.loss_mask.sum())
+    for origin in origins:
+        if origin.chunk == UNKNOWN:
+            continue
+        document = [BOS, *tokenize(CHUNKS[origin.chunk_ref][origin.record]), EOS]
+        tokens = batch.tokens[origin.sequence, origin.start : origin.end].tolist()
+        assert tokens == document[origin.offset : origin.offset + origin.end - origin.start]
+
+
+def test_a_log_of_a_plain_run_explains_steps_through_a_buffered_shuffle() -> None:
+    """The shuffle's buffer, in the snapshots, holds plain records: their origins come
+    from an earlier snapshot's replay."""
+    training, log = shuffled_pipeline(traced=False), LineageLog(every=4)
+    log.after_step(-1, training)
+    batches = []
+    for step, batch in zip(range(30), training, strict=False):
+        batches.append(batch)
+        log.after_step(step, training)
+    assert [at for at, _ in log.snapshots] == [0, 4, 8, 12, 16, 20, 24, 28]
+    saved = LineageLog.from_snapshots(json.loads(json.dumps(log.snapshots)), every=4)
+    twin = shuffled_pipeline(traced=True)
+    for step in (3, 13, 22, 29):
+        explained = saved.explain(twin, step, REFS)
+        assert all(origin.chunk != UNKNOWN for origin in explained)
+        check_step(explained, batches[step])
+
+
+def test_explain_names_the_ranges_of_records_held_in_the_checkpoint_as_unknown() -> None:
+    training = shuffled_pipeline(traced=False)
+    for _ in range(10):
+        next(training)
+    state = json.loads(json.dumps(training.getstate()))
+    step_11 = [next(training), next(training)][1]
+    explained = explain(shuffled_pipeline(traced=True), state, 1, REFS)
+    held = [origin for origin in explained if origin.chunk == UNKNOWN]
+    assert held
+    assert all(origin.record == UNKNOWN for origin in held)
+    assert str(held[0]).endswith(f"a record held in the checkpoint, from token {held[0].offset}")
+    check_step(explained, step_11)
