@@ -174,23 +174,22 @@ def lognormal_sources(means: list[int], tokens: int, seed: int) -> list[list[Any
     ]
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_sliding_windows_of_heavy_tailed_lengths_stay_within_a_third_of_the_longest_document(
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_sliding_windows_of_heavy_tailed_lengths_miss_by_less_than_half_the_longest_document(
     seed: int,
 ) -> None:
-    """Mean lengths 10, 100, 1000 (log-normal), weights 1:1:1, 2 M tokens packed, windows
-    of 200 k tokens sliding every 10 k. Inside one document of L tokens its source's
-    share runs L * 2/3 ahead, whatever the schedule; placing each document so that its
-    source is on target halfway through it keeps every source within B = (2/3 L_i +
-    1/3 (L_j + L_k)) / 2 of its share at every token, so no window misses by more than
-    2 B over the window."""
+    """Mean lengths 10, 100, 1000 (log-normal), weights 1:1:1, 1.9 M tokens packed,
+    windows of 200 k tokens sliding every 500. While a document of L tokens streams, its
+    source runs 2/3 L ahead whatever the schedule, so some window misses by about L / 3;
+    placing each document so that its source is on target halfway through it keeps every
+    window within L / 2 of the longest (a schedule by the cost before the next document
+    misses by up to 2/3 L)."""
     documents = lognormal_sources([10, 100, 1000], 2_000_000, seed)
-    longest = [max(len(document) for document in source) for source in documents]
-    bound = max(2 * most + sum(longest) - most for most in longest) / 3
+    longest = max(len(document) for document in documents[2])
     sources = [it.NativeCheckpointableIterator(source) for source in documents]
     packed = PackingIterator(TokenBudgetMultiplexIterator(sources, [1, 1, 1]), 4096, pad_id=9)
     tokens = np.concatenate([sequence["tokens"] for sequence in islice(packed, 1_900_000 // 4096)])
-    assert windows_error(tokens, 200_000, 10_000, 3, [1 / 3] * 3) <= bound / 200_000
+    assert windows_error(tokens, 200_000, 500, 3, [1 / 3] * 3) < longest / 2 / 200_000
 
 
 def test_set_weights_changes_the_shares_from_the_next_item_and_restores_keep_them() -> None:
