@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar, TypeVar
 
-from ._base import CheckpointableIterator, State, require_callable, source_state
+from ._base import (
+    CheckpointableIterator,
+    State,
+    fast_iterator,
+    require_callable,
+    skip_items,
+    source_state,
+)
 from ._fingerprint import described
 from ._rng import Seed
 from .weighted import WeightedMultiplexIterator
 
 T = TypeVar("T")
+_MARK_EVERY = 64  # items read from a source between two records of its state
 
 
 class TokenBudgetMultiplexIterator(WeightedMultiplexIterator[T]):
@@ -52,13 +60,18 @@ class TokenBudgetMultiplexIterator(WeightedMultiplexIterator[T]):
 
     Checkpoint:
         `WeightedMultiplexIterator`'s fields, with ``"counts"`` holding each source's cost
-        since the last change, ``"sources"`` each source's state before the item read
-        ahead (taken when that item is read: one source state per item), plus ``"cost"``
-        in the fingerprint. Constant size besides the sources' states (O(number of
-        sources)); a restore re-reads the items read ahead, one per source.
+        since the last change and ``"sources"`` each source's state at a replay point
+        (recorded every 64 items read from it), plus ``"skips"``: the items of each
+        source read since its replay point and yielded (not the one read ahead), and
+        ``"cost"`` in the fingerprint. Constant size besides the sources' states
+        (O(number of sources)); a restore re-reads at most 64 items per source.
     """
 
     _user_callables = ("cost",)
+    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+        **WeightedMultiplexIterator._state_fields,
+        "skips": list,
+    }
 
     def __init__(
         self,
@@ -77,18 +90,43 @@ class TokenBudgetMultiplexIterator(WeightedMultiplexIterator[T]):
     def _arguments(self) -> State:
         return {**super()._arguments(), "cost": described(self._cost)}
 
+    def _state(self) -> State:
+        skips = [
+            read - (ahead is not _NOTHING and ahead is not _ENDED)
+            for read, ahead in zip(self._read, self._ahead, strict=True)
+        ]
+        return {**super()._state(), "skips": skips}
+
+    def _source_states(self) -> list[State]:
+        return [
+            source_state(source) if mark is None else mark
+            for source, mark in zip(self._choices, self._marks, strict=True)
+        ]
+
     def _restore(self, state: State | None) -> None:
         count = len(self._choices)
         self._ahead: list[Any] = [_NOTHING] * count  # the item read ahead, per source
         self._ahead_cost = [0] * count
-        self._before: list[State | None] = [None] * count  # the source's state before it
+        self._marks: list[State | None] = [None] * count  # replay points: source states
+        self._read = [0] * count  # items read from each source since its replay point
+        skips = self._checked_skips(state["skips"]) if state is not None else self._read
         super()._restore(state)
+        if state is None:
+            return
+        for index, (source, skip) in enumerate(zip(self._choices, skips, strict=True)):
+            skip_items(self, fast_iterator(source), skip, f"source {index}")
+        self._marks, self._read = list(state["sources"]), skips
 
-    def _source_states(self) -> list[State]:
-        return [
-            source_state(source) if before is None else before
-            for source, before in zip(self._choices, self._before, strict=True)
-        ]
+    def _checked_skips(self, skips: Any) -> list[int]:
+        if not (
+            type(skips) is list
+            and len(skips) == len(self._choices)
+            and all(type(skip) is int and 0 <= skip <= _MARK_EVERY for skip in skips)
+        ):
+            raise self.mismatch(
+                f"'skips' must hold {len(self._choices)} ints in [0, {_MARK_EVERY}], got {skips!r}"
+            )
+        return list(skips)
 
     def _checked_cost(self, item: Any) -> int:
         value = self._cost(item)
@@ -98,48 +136,57 @@ class TokenBudgetMultiplexIterator(WeightedMultiplexIterator[T]):
             )
         return value
 
-    def _next_cost(self, index: int) -> int:
-        """The cost of source `index`'s next item, read ahead if not yet; -1 if it ended."""
-        if self._ahead[index] is _NOTHING:
-            before = source_state(self._choices[index])
-            try:
-                item = next(self._pulls[index])
-            except StopIteration:
-                self._ahead[index] = _ENDED
-                return -1
-            self._ahead_cost[index] = self._checked_cost(item)
-            self._ahead[index], self._before[index] = item, before
-        elif self._ahead[index] is _ENDED:
+    def _read_ahead(self, index: int) -> int:
+        """Read source `index`'s next item ahead; its cost, or -1 if the source ended."""
+        if self._marks[index] is None or self._read[index] >= _MARK_EVERY:
+            self._marks[index] = source_state(self._choices[index])
+            self._read[index] = 0
+        try:
+            item = next(self._pulls[index])
+        except StopIteration:
+            self._ahead[index], self._ahead_cost[index] = _ENDED, -1
             return -1
-        return self._ahead_cost[index]
+        self._read[index] += 1
+        cost = self._ahead_cost[index] = self._checked_cost(item)
+        self._ahead[index] = item
+        return cost
 
-    def _take(self, index: int) -> tuple[T, int]:
-        item = self._ahead[index]
-        if item is _NOTHING:  # the random draw chose it without looking ahead
-            self._next_cost(index)
-            item = self._ahead[index]
-        if item is _ENDED:
-            raise StopIteration
-        self._ahead[index], self._before[index] = _NOTHING, None
-        return item, self._ahead_cost[index]
+    def _generate(self) -> Iterator[T]:
+        self._pulls = [fast_iterator(source) for source in self._choices]
+        choose = self._scheduled if self._exact else self._drawn
+        ahead = self._ahead
+        while not self._ended:
+            if not self._live:
+                self._ended = True
+                return
+            index = choose()  # reads every live source's next item ahead
+            item = ahead[index]
+            if item is _ENDED:
+                self._drop(index)
+                continue
+            ahead[index] = _NOTHING
+            self._counts[index] += self._ahead_cost[index]
+            yield item
 
     def _midpoints(self) -> list[tuple[int, int, int]] | int:
         """(index, integer weight, 2 * cost so far + next item's cost) of the live sources,
         or the index of a source found to have ended."""
-        counts, found = self._counts, []
+        ahead, upcoming, counts, found = self._ahead, self._ahead_cost, self._counts, []
         for index, weight in self._live:
-            upcoming = self._next_cost(index)
-            if upcoming < 0:
+            cost = upcoming[index] if ahead[index] is not _NOTHING else self._read_ahead(index)
+            if cost < 0:
                 return index
-            found.append((index, weight, 2 * counts[index] + upcoming))
+            found.append((index, weight, 2 * counts[index] + cost))
         return found
 
     def _scheduled(self) -> int:
-        found = self._midpoints()
-        if isinstance(found, int):
-            return found
+        ahead, upcoming, counts = self._ahead, self._ahead_cost, self._counts
         best, best_mid, best_weight = -1, 0, 1
-        for index, weight, mid in found:
+        for index, weight in self._live:  # `_midpoints` without the list, for speed
+            cost = upcoming[index] if ahead[index] is not _NOTHING else self._read_ahead(index)
+            if cost < 0:
+                return index
+            mid = 2 * counts[index] + cost
             if best < 0 or mid * best_weight < best_mid * weight:
                 best, best_mid, best_weight = index, mid, weight
         return best

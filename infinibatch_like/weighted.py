@@ -237,7 +237,7 @@ class WeightedMultiplexIterator(Stage[T]):
         self._spread = max(2 * len(self._live) - 2, 1)
 
     def _generate(self) -> Iterator[T]:
-        self._pulls = [fast_iterator(source) for source in self._choices]
+        pulls = self._pulls = [fast_iterator(source) for source in self._choices]
         choose = self._scheduled if self._exact else self._drawn
         while not self._ended:
             if not self._live:
@@ -245,19 +245,19 @@ class WeightedMultiplexIterator(Stage[T]):
                 return
             index = choose()
             try:
-                item, cost = self._take(index)
+                item = next(pulls[index])
             except StopIteration:
-                self._active[index] = False
-                self._ended = self._stop_first
-                self._counts = [0] * len(self._choices)
-                self._plan()
+                self._drop(index)
                 continue
-            self._counts[index] += cost
+            self._counts[index] += 1
             yield item
 
-    def _take(self, index: int) -> tuple[T, int]:
-        """The next item of source `index` and what it adds to the source's count."""
-        return next(self._pulls[index]), 1
+    def _drop(self, index: int) -> None:
+        """Source `index` has ended: drop it (`stop_on`) and start the counts again."""
+        self._active[index] = False
+        self._ended = self._stop_first
+        self._counts = [0] * len(self._choices)
+        self._plan()
 
     def _drawn(self) -> int:
         """A source drawn at random in proportion to the weights of the live sources."""

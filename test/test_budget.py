@@ -308,3 +308,39 @@ def test_sharded_set_weights_reaches_every_token_budget_mixer() -> None:
     pipeline.set_weights([0, 0, 1])
     later = [token for item in take(pipeline, 60) for token in item]
     assert {token % 10 for token in later[32 * 10 :]} <= {2}
+
+
+def test_a_restore_re_reads_at_most_64_items_per_source_and_continues_exactly() -> None:
+    reads = [0, 0, 0]
+
+    def counted(source: int, length: int) -> list[int]:
+        reads[source] += 1
+        return tag(source, length)
+
+    def build() -> Any:
+        sources = [
+            it.MapIterator(it.NativeCheckpointableIterator([1 + n % 7] * 3000), partial(counted, s))
+            for s, n in enumerate([3, 5, 9])
+        ]
+        return TokenBudgetMultiplexIterator(sources, [1, 2, 3])
+
+    stream = build()
+    for count in (1, 150, 333, 1200):
+        take(stream, count)
+        state = json.loads(json.dumps(stream.getstate()))
+        expected = take(stream, 100)
+        fresh = build()
+        reads[:] = [0, 0, 0]
+        fresh.setstate(state)
+        assert max(reads) <= 64  # the replay since each source's replay point
+        assert take(fresh, 100) == expected
+        assert fresh.getstate() == stream.getstate()
+
+
+@pytest.mark.parametrize("skips", [[0, 0], [0, 0, 65], [0, -1, 0], [0, "1", 0], None])
+def test_a_state_with_bad_skips_is_refused_naming_them(skips: Any) -> None:
+    stream = mixer([[3, 4], [5], [6]], [1, 1, 1])
+    state = stream.getstate()
+    state["skips"] = skips
+    with pytest.raises(ValueError, match="TokenBudgetMultiplexIterator.*skips"):
+        mixer([[3, 4], [5], [6]], [1, 1, 1]).setstate(state)
