@@ -196,9 +196,10 @@ def test_origins_go_through_bucketing_and_a_json_restore() -> None:
             assert tokens == tokenize(CHUNKS[REFS[chunk]][record])
 
 
-def shuffled_pipeline(traced: bool) -> Any:
+def shuffled_pipeline(traced: bool, background: bool = False) -> Any:
     """Records -> buffered shuffle -> tokenize -> bucketed batches by length -> documents
-    -> best-fit packing -> batches of 2 sequences; plain or its traced twin."""
+    -> best-fit packing (behind a worker process if `background`) -> batches of 2
+    sequences; plain or its traced twin."""
     reader: Any = traced_chunks(read_chunk, REFS) if traced else read_chunk
     records = chunked_dataset_iterator(REFS, reader, buffer_size=9, seed=3, shuffle=False)
     shuffled = it.BufferedShuffleIterator(records, 12, seed=5)
@@ -206,9 +207,11 @@ def shuffled_pipeline(traced: bool) -> Any:
     length: Any = of_value(len) if traced else len
     buckets = it.BucketedReadaheadBatchIterator(tokens, 10, key=length, batch_size=3, seed=6)
     documents = it.SelectManyIterator(buckets)
-    packed = PackingIterator(
+    packed: it.CheckpointableIterator[Any] = PackingIterator(
         documents, 16, strategy="best_fit", window=3, bos_id=BOS, eos_id=EOS, traced=traced
     )
+    if background:
+        packed = it.PrefetchIterator(packed, 4, snapshot_every=5)
     return it.MapIterator(it.FixedBatchIterator(packed, 2), collate_packed)
 
 
@@ -253,3 +256,36 @@ def test_explain_names_the_ranges_of_records_held_in_the_checkpoint_as_unknown()
     assert all(origin.record == UNKNOWN for origin in held)
     assert str(held[0]).endswith(f"a record held in the checkpoint, from token {held[0].offset}")
     check_step(explained, step_11)
+
+
+def test_a_log_kept_across_a_restore_explains_steps_on_both_sides_behind_a_worker() -> None:
+    first, log = shuffled_pipeline(traced=False, background=True), LineageLog(every=5)
+    log.after_step(-1, first)
+    batches = []
+    for step in range(12):
+        batches.append(next(first))
+        log.after_step(step, first)
+    checkpoint = json.loads(json.dumps({"data": first.getstate(), "lineage": log.snapshots}))
+    first.close()  # a crash after step 11; the run resumes from the checkpoint
+    resumed = shuffled_pipeline(traced=False, background=True)
+    resumed.setstate(checkpoint["data"])
+    log = LineageLog.from_snapshots(checkpoint["lineage"], every=5)
+    for step in range(12, 24):
+        batches.append(next(resumed))
+        log.after_step(step, resumed)
+    resumed.close()
+    assert [at for at, _ in log.snapshots] == [0, 5, 10, 15, 20]
+    with shuffled_pipeline(traced=True, background=True) as twin:
+        for step in (4, 11, 17, 23):
+            explained = log.explain(twin, step, REFS)
+            assert all(origin.chunk != UNKNOWN for origin in explained)
+            check_step(explained, batches[step])
+
+
+def test_lineage_log_arguments_and_saved_snapshots_are_checked() -> None:
+    with pytest.raises(ValueError, match="LineageLog: every must be"):
+        LineageLog(every=0)
+    with pytest.raises(ValueError, match=r"from_snapshots: expected \[step, state\] pairs"):
+        LineageLog.from_snapshots([{"step": 3}])
+    with pytest.raises(ValueError, match=r"LineageLog\.explain: step must be >= 0"):
+        LineageLog().explain(traced_pipeline(), -1)
