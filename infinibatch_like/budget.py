@@ -34,8 +34,7 @@ class TokenBudgetMultiplexIterator(WeightedMultiplexIterator[T]):
     it. At every item each source's cost differs from its target share of the total by
     at most ``((1 - w_i) L_i + w_i * (sum of the other L_j)) / 2``, for normalised
     weights ``w`` and ``L_i`` the largest cost of an item of source i (about a third of
-    the longest item with three equal weights; ordering by the cost before the next
-    item allows twice that). With
+    the longest item with three equal weights). With
     ``exact=False`` the next source is drawn at random in proportion to the weights among
     the sources whose cost plus half their next item's, per weight, is not above the
     average, which keeps the stream near its target too. Costs are counted exactly,
