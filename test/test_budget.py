@@ -182,8 +182,8 @@ def test_sliding_windows_of_heavy_tailed_lengths_miss_by_less_than_half_the_long
     windows of 200 k tokens sliding every 500. While a document of L tokens streams, its
     source runs 2/3 L ahead whatever the schedule, so some window misses by about L / 3;
     placing each document so that its source is on target halfway through it keeps every
-    window within L / 2 of the longest (a schedule by the cost before the next document
-    misses by up to 2/3 L)."""
+    window within L / 2 of the longest (ordering by the cost before the next document
+    missed by more in three of these four corpora)."""
     documents = lognormal_sources([10, 100, 1000], 2_000_000, seed)
     longest = max(len(document) for document in documents[2])
     sources = [it.NativeCheckpointableIterator(source) for source in documents]
