@@ -282,23 +282,23 @@ class LineageLog:
         chunk_refs: Sequence[Any] | None = None,
     ) -> list[TokenOrigin]:
         """The origins of step `step`'s item, replayed by `twin` (the pipeline's traced
-        twin) from the latest snapshot at or before it, or from an earlier one while some
-        of its samples were held in the snapshot's state (from the start of the run if
-        no snapshot will do).
+        twin) from the latest snapshot at or before it; while some of its samples were
+        held in the snapshot's state, from an earlier one (1, 2, 4, ... snapshots further
+        back, then the start of the run).
 
         Raises:
             ValueError: if `step` is negative.
         """
         require_int("LineageLog.explain", "step", step, 0)
-        starts: list[tuple[int, State | None]] = [
-            (at, state) for at, state in self.snapshots if at <= step
-        ]
-        starts.insert(0, (0, None))
-        for at, state in reversed(starts):
+        starts: list[tuple[int, State | None]] = [(0, None)]
+        starts.extend((at, state) for at, state in self.snapshots if at <= step)
+        back, index = 1, len(starts) - 1
+        while True:
+            at, state = starts[index]
             found = explain(twin, state, step - at, chunk_refs)
-            if all(origin.chunk != UNKNOWN for origin in found):
+            if index == 0 or all(origin.chunk != UNKNOWN for origin in found):
                 return found
-        raise AssertionError("unreachable: a replay from the start knows every origin")
+            index, back = max(0, index - back), 2 * back
 
 
 def _preview(value: Any) -> str:
