@@ -107,6 +107,7 @@ API_CONTENT = {
         ("PackingIterator", "into sequences of exactly"),
         ("PackedSequence", "One packed sequence"),
         ("explain", "The origins of the item that"),
+        ("LineageLog", "The training side of lineage"),
         ("traced_chunks", "whose records come as"),
     ],
     "api/windowing-recurrent.md": [("WindowedIterator", ""), ("RecurrentIterator", "")],
