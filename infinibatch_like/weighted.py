@@ -182,6 +182,7 @@ class WeightedMultiplexIterator(Stage[T]):
         }
 
     def _source_states(self) -> list[State]:
+        """The sources' states for a checkpoint (a subclass reading ahead records its own)."""
         return [source_state(source) for source in self._choices]
 
     def _restore(self, state: State | None) -> None:
@@ -237,7 +238,7 @@ class WeightedMultiplexIterator(Stage[T]):
         self._spread = max(2 * len(self._live) - 2, 1)
 
     def _generate(self) -> Iterator[T]:
-        pulls = self._pulls = [fast_iterator(source) for source in self._choices]
+        pulls = [fast_iterator(source) for source in self._choices]
         choose = self._scheduled if self._exact else self._drawn
         while not self._ended:
             if not self._live:
