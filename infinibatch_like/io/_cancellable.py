@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from .._background.lifecycle import POLL_S, check_interrupt
+from ..background.lifecycle import POLL_S, check_interrupt
 
 Request = Callable[[int, int], Coroutine[Any, Any, bytes]]
 """``request(start, end)``: a coroutine fetching the bytes ``[start, end)``."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any, ClassVar, TypeVar
 
@@ -105,6 +105,18 @@ class BufferedShuffleIterator(Stage[T]):
 
     def _arguments(self) -> State:
         return {"buffer_size": self._size}
+
+    @staticmethod
+    def _held_items_as(state: State, convert: Callable[[Any], Any]) -> State:
+        """`state` with `convert` applied to the items its buffer holds (lineage's traced
+        twin takes them as of unknown origin)."""
+        empty = state.get("empty")
+        skip = {index for index in empty if type(index) is int} if type(empty) is list else set()
+        buffer = state.get("buffer")
+        if type(buffer) is not list:
+            return state
+        items = [item if index in skip else convert(item) for index, item in enumerate(buffer)]
+        return {**state, "buffer": items}
 
     def _state(self) -> State:
         buffer = self._buffer

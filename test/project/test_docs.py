@@ -160,6 +160,7 @@ API_CONTENT = {
         ("report", "the stage that limits"),
         ("headspace", "when the consumer takes no time"),
         ("explain", "The origins of the item that"),
+        ("LineageLog", "The training side of lineage"),
         ("traced_chunks", "whose records come as"),
     ],
     "api/distributed.md": [
