@@ -10,19 +10,21 @@ run first, then the restores, then the rules that build pipelines of their own, 
 from __future__ import annotations
 
 import copy
-import json
-import multiprocessing
-import pickle
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .._core.protocol import CheckpointableIterator
-from .._core.stage import Stage
-from .damage import check_damaged_states
-from .states import dumped, emptied, shape, stage_names
-from .streams import Same, all_same, preview, take
+from .fresh_runs import (
+    check_closing,
+    check_damage,
+    check_different_arguments,
+    check_foreign_state,
+    check_inner_restore,
+    check_pickle,
+    check_snapshots,
+)
+from .states import dumped, shape
+from .streams import all_same, preview, take
 from .trial import Restore, Trial
 from .violations import ContractViolation, require
 
@@ -157,211 +159,6 @@ def _check_reset(trial: Trial) -> None:
     )
 
 
-def _check_foreign_state(trial: Trial) -> None:
-    pipeline = trial.factory()
-    name = type(pipeline).__name__
-    foreigns: list[Any] = [{"stage": "NoSuchStage"}, {"stage": name, "unexpected": 1}, []]
-    for foreign in foreigns:
-        try:
-            pipeline.setstate(foreign)
-        except ValueError as error:
-            require(
-                name in str(error),
-                "foreign state",
-                f"the error for a foreign state does not name the stage {name}: {error}",
-            )
-        else:
-            raise ContractViolation(f"foreign state: {name} accepted the state {foreign!r}")
-    pipeline.close()
-
-
-def _check_snapshots(trial: Trial) -> None:
-    middle = trial.middle
-    pipeline = trial.factory()
-    take(pipeline, middle)
-    returned = pipeline.getstate()
-    kept = dumped(returned)
-    emptied(returned)
-    require(
-        dumped(pipeline.getstate()) == kept,
-        "C9",
-        f"emptying the dict returned by getstate() at item {middle} changed the pipeline's state",
-    )
-    given = json.loads(kept)
-    fresh = trial.factory()
-    fresh.setstate(given)
-    emptied(given)
-    require(
-        dumped(fresh.getstate()) == kept,
-        "C9",
-        f"emptying the dict given to setstate() (item {middle}) changed the pipeline's state",
-    )
-    for label, iterator in (("getstate()", pipeline), ("setstate()", fresh)):
-        _require_continuation(
-            iterator,
-            trial.reference,
-            middle,
-            trial.options.equal,
-            "C9",
-            f"after emptying the dict given to or returned by {label} at item {middle}, the "
-            "pipeline",
-        )
-        iterator.close()
-
-
-def _require_continuation(
-    iterator: CheckpointableIterator[Any],
-    reference: Sequence[Any],
-    start: int,
-    equal: Same,
-    rule: str,
-    what: str,
-) -> None:
-    """Require `iterator` to yield ``reference[start:]``; else a violation of `rule`."""
-    got = take(iterator, len(reference) - start)
-    require(
-        all_same(got, reference[start:], equal),
-        rule,
-        f"{what} yields {preview(got)}, expected {preview(reference[start:])}",
-    )
-
-
-def _inner_stage(pipeline: CheckpointableIterator[Any]) -> CheckpointableIterator[Any] | None:
-    if isinstance(pipeline, Stage):
-        for source in pipeline._sources:
-            if isinstance(source, CheckpointableIterator):
-                return source
-    return None
-
-
-def _check_inner_restore(trial: Trial) -> None:
-    reference, equal = trial.reference, trial.options.equal
-    pipeline = trial.factory()
-    inner = _inner_stage(pipeline)
-    if inner is None or len(reference) < 4:
-        pipeline.close()
-        return
-    take(pipeline, len(reference) // 4)
-    early = inner.getstate()
-    take(pipeline, len(reference) // 4)
-    inner.setstate(early)
-    try:
-        state = pipeline.getstate()
-        got = take(pipeline, 10)
-    except (RuntimeError, ValueError):
-        pipeline.close()
-        return  # a clear refusal to go on
-    fresh = trial.factory()
-    fresh.setstate(state)
-    expected = take(fresh, len(got))
-    fresh.close()
-    pipeline.close()
-    require(
-        all_same(got, expected, equal),
-        "inner restore",
-        f"after setstate() on the pipeline's source {type(inner).__name__}, the pipeline "
-        f"yields {preview(got)} while its getstate() describes {preview(expected)}; it "
-        "must follow its source or raise",
-    )
-
-
-def _check_different_arguments(trial: Trial) -> None:
-    different = trial.options.different
-    if different is None:
-        return
-    pipeline = trial.factory()
-    take(pipeline, trial.middle)
-    state = pipeline.getstate()
-    pipeline.close()
-    other = different()
-    names = stage_names(state) | {type(other).__name__}
-    try:
-        other.setstate(state)
-    except ValueError as error:
-        require(
-            any(name in str(error) for name in names),
-            "C10",
-            f"the error for a state of a differently built pipeline names no stage: {error}",
-        )
-    else:
-        raise ContractViolation(
-            "C10: a pipeline built with other stream-deciding arguments accepted a state of "
-            f"the original one (item {trial.middle})"
-        )
-    finally:
-        other.close()
-
-
-def _check_damage(trial: Trial) -> None:
-    options = trial.options
-    if options.check_damage:
-        state = trial.states[trial.middle]
-        check_damaged_states(trial.factory, state, options.deadline, options.user_data_keys)
-
-
-def _check_pickle(trial: Trial) -> None:
-    if not trial.options.check_pickle:
-        return
-    pipeline = trial.factory()
-    middle = trial.middle
-    take(pipeline, middle)
-    copied = pickle.loads(pickle.dumps(pipeline))
-    _require_continuation(
-        copied,
-        trial.reference,
-        middle,
-        trial.options.equal,
-        "pickle",
-        f"a pipeline pickled at item {middle}",
-    )
-    copied.close()
-    pipeline.close()
-
-
-def _check_closing(trial: Trial) -> None:
-    _check_closed_state(trial)
-    pipeline = trial.pipeline
-    pipeline.close()
-    pipeline.close()
-    try:
-        next(pipeline)
-    except StopIteration:
-        raise ContractViolation("C8: next() after close() raised StopIteration") from None
-    except Exception:  # any error is the expected outcome
-        pass
-    else:
-        raise ContractViolation("C8: next() after close() returned an item")
-    leaked = [thread for thread in threading.enumerate() if thread not in trial.threads_before]
-    require(not leaked, "C8", f"threads outlive close(): {leaked}")
-    children = [
-        child
-        for child in multiprocessing.active_children()
-        if child not in trial.children_before
-    ]
-    require(not children, "C8", f"processes outlive close(): {children}")
-
-
-def _check_closed_state(trial: Trial) -> None:
-    middle = trial.middle
-    with trial.factory() as pipeline:
-        take(pipeline, middle)
-    try:
-        state = pipeline.getstate()
-    except RuntimeError:
-        return  # raising is allowed; a wrong position is not
-    fresh = trial.factory()
-    fresh.setstate(state)
-    _require_continuation(
-        fresh,
-        trial.reference,
-        middle,
-        trial.options.equal,
-        "C8",
-        f"a pipeline restored from the state returned by getstate() after closing at item {middle}",
-    )
-    fresh.close()
-
-
 RULES: tuple[Rule, ...] = (
     Rule(
         "C6",
@@ -401,39 +198,39 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "foreign state",
         "A state of another pipeline is refused with a ValueError naming the stage.",
-        _check_foreign_state,
+        check_foreign_state,
     ),
     Rule(
         "C9",
         "States are snapshots: emptying the dict returned by getstate(), or the dict given to "
         "setstate(), changes neither what the pipeline yields nor what it reports.",
-        _check_snapshots,
+        check_snapshots,
     ),
     Rule(
         "inner restore",
         "A setstate() on the source of the outermost stage never leaves that stage silently "
         "yielding a stream that does not match its getstate(): it follows, or raises.",
-        _check_inner_restore,
+        check_inner_restore,
     ),
     Rule(
         "C10",
         "A state of the same pipeline built with other stream-deciding arguments (the "
         "`different` factory) is refused with a ValueError naming a stage.",
-        _check_different_arguments,
+        check_different_arguments,
     ),
     Rule(
         "C11",
         "A damaged state (a count set to 10**18, 2**64 or -1, a number replaced by a str, a "
         "float, a bool or None) is refused with a ValueError or TypeError naming a stage, or "
         "restored, within the deadline: never a hang, never another exception.",
-        _check_damage,
+        check_damage,
     ),
-    Rule("pickle", "A pipeline pickled mid-stream continues where it was.", _check_pickle),
+    Rule("pickle", "A pipeline pickled mid-stream continues where it was.", check_pickle),
     Rule(
         "C8",
         "close() is idempotent, next() raises after it, no thread or process outlives it, and "
         "getstate() after it raises or returns the true position.",
-        _check_closing,
+        check_closing,
     ),
 )
 """The rules, in the order `assert_checkpointable` checks them."""

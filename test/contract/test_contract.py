@@ -461,8 +461,21 @@ DIFFERENT: dict[str, Callable[[], CheckpointableIterator[Any]]] = {
     ),
     "RemoteConsumer-0": lambda: OWNER.remote_consumer(items=46),
     "FilterIterator-0": lambda: FilterIterator(native(41), is_odd),
+    "FilterIterator-1": lambda: FilterIterator(
+        it.SelectManyIterator(native(8), read_chunk), str.isalnum
+    ),
     "ShardedIterator-0": lambda: ShardedIterator(shard_items, 6, 1, 2),
+    "ShardedIterator-1": lambda: it.MapIterator(
+        ShardedIterator(shuffled_shard, 3, 0, 1), str.upper
+    ),
+    "Watchdog-0": lambda: Watchdog(it.MapIterator(native(24), add_one), timeout_s=60),
     "create_source_iterator-0": lambda: create_source_iterator(list(range(7)), seed=4, epochs=2),
+    "create_source_iterator-1": lambda: create_source_iterator(
+        list(range(11)), train=False, shuffle=False, num_instances=3, instance_rank=2
+    ),
+    "EqualLengthIterator-0": lambda: EqualLengthIterator(it.FixedBatchIterator(native(23), 5)),
+    "PackingIterator-0": lambda: it.MapIterator(PackingIterator(documents(), 6), packed_lists),
+    "WindowedIterator-1": lambda: it.WindowedIterator(native(4), 5),
     "FanOutConsumer-1": lambda: fan_out_consumer(
         FanOut(it.MapIterator(native(90), add_one), 3, snapshot_every=5), 1
     ),

@@ -23,7 +23,7 @@ def divisible(divisor: int) -> Any:
     return lambda x: x % divisor == 0
 
 
-@settings(max_examples=80, deadline=None)
+@settings(deadline=None)
 @given(
     items=st.lists(st.integers(-50, 50), max_size=40),
     divisor=st.integers(1, 5),
