@@ -154,9 +154,8 @@ def shuffled_shard(shard: int, num_shards: int) -> it.BlockwiseShuffleIterator[i
 
 
 def serve_fan_outs(requests: Any) -> None:
-    """A fan-out owner process: for each (path, items) received, a fresh fan-out of
-    ``items + 1`` for items 0 .. items - 1, served at path, consumer 1 closed and consumer
-    0 left to attach."""
+    """A fan-out owner process: for each (path, items) received, a fresh fan-out of the
+    numbers 1 .. items served at path, consumer 1 closed and consumer 0 left to attach."""
     fans = []
     while (request := requests.recv()) is not None:
         path, items = request
