@@ -269,14 +269,15 @@ def _closest(
 
 
 def _map_chain(stage: Stage[Any]) -> Iterator[Stage[Any]]:
-    """`stage`, then the upstream stages that run inside its pulls as builtin ``map``s."""
+    """`stage`, then the upstream stages that run inside its pulls as builtin ``map``s
+    (or ``filter``s)."""
     from .stage import Stage
 
     yield stage
     current = stage
     while len(current._sources) == 1:
         source = current._sources[0]
-        if not isinstance(source, Stage) or type(source._iterator) is not map:
+        if not isinstance(source, Stage) or type(source._iterator) not in (map, filter):
             return
         yield source
         current = source

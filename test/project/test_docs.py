@@ -50,6 +50,7 @@ RUNNABLE_PAGES = [
     "howto/long-runs.md",
     "howto/elastic.md",
     "howto/bottleneck.md",
+    "howto/write-a-stage.md",
     "concepts.md",
     "migrating.md",
     "distributed.md",
@@ -91,7 +92,11 @@ API_CONTENT = {
         ("NativeCheckpointableIterator", "re-iterable collection"),
         ("PermutationSourceIterator", "in constant memory"),
     ],
-    "api/flatten-mapping.md": [("SelectManyIterator", "a flat-map"), ("MapIterator", "")],
+    "api/flatten-mapping.md": [
+        ("SelectManyIterator", "a flat-map"),
+        ("MapIterator", ""),
+        ("FilterIterator", "for which predicate(item) is true"),
+    ],
     "api/shuffle.md": [
         ("BlockwiseShuffleIterator", "consecutive blocks"),
         ("BufferedShuffleIterator", "random slot"),
