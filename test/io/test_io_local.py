@@ -41,6 +41,8 @@ from infinibatch_like.io import (
     readers,
     write_records,
 )
+from infinibatch_like.io._store import Store
+from infinibatch_like.io.streams import open_stream
 from infinibatch_like.stages.bad_records import SkipPolicy, skip_ledgers
 
 SUFFIXES = ["", ".gz", ".zst", ".bz2", ".xz"]
@@ -613,12 +615,12 @@ def test_a_line_without_end_is_refused_once_it_passes_the_limit(
     path = write(tmp_path / "blob.bin", b"a\n" + b"b" * 100_000)
     opened: list[Any] = []
 
-    def recording_open_chunk(ref: Any, **kwargs: Any) -> Any:
-        opened.append(open_chunk(ref, **kwargs))
+    def recording_open_stream(ref: str, store: Store) -> Any:
+        opened.append(open_stream(ref, store))
         return opened[-1]
 
     monkeypatch.setattr(readers, "BLOCK_SIZE", 64)
-    monkeypatch.setattr(readers, "open_chunk", recording_open_chunk)
+    monkeypatch.setattr(readers, "open_stream", recording_open_stream)
     lines = read_lines(path, max_line_length=300)
     assert next(lines) == "a"
     with pytest.raises(ChunkFormatError, match=r"blob\.bin, line 2: longer than "
