@@ -19,7 +19,7 @@ from typing import Any
 from .._core.checks import require_int
 from .._core.notes import short_repr
 from ._compression import codec_for, refuse_archive
-from ._lines import BadLine, Block, LineSplitter, bad_line
+from ._lines import BadLine, Block, LineSplitter, bad_line, line_blocks
 from ._store import StorageOptions, Store
 from .retry import RetryPolicy
 from .streams import Ref, open_stream
@@ -152,12 +152,7 @@ def _line_blocks(
 ) -> Iterator[Block]:
     """The lines of `ref`, a block at a time, with a `BadLine` in place of each bad line."""
     with open_stream(ref, store) as stream:
-        splitter = LineSplitter(ref, encoding, errors, limit)
-        while True:
-            data = stream.read(BLOCK_SIZE)
-            yield from splitter.blocks(data)
-            if not data:
-                return
+        yield from line_blocks(stream, LineSplitter.text(ref, encoding, errors, limit), BLOCK_SIZE)
 
 
 def _parsed_blocks(

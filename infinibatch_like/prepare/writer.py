@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from ..io import Record, write_records, write_webdataset
+from ..io._lines import BadLine, LineSplitter, line_blocks
 from ..io._store import Store
 from ..io.output import output_in
 from ..io.streams import open_stream
@@ -177,26 +178,25 @@ def _where(piece: Piece) -> str:
 
 @contextmanager
 def _line_blocks(piece: Piece, store: Store) -> Iterator[Iterator[list[bytes]]]:
-    """The input lines of `piece` (bytes, without their "\\n"), a block at a time."""
+    """The input lines of `piece` (bytes, without their "\\n" or "\\r\\n"), a block at a
+    time, split as `read_lines` splits them."""
     if piece.end is None:
         with open_stream(piece.source, store) as stream:
-            yield _split(stream)
+            yield _split(piece.source, stream)
         return
     with open(piece.source, "rb") as file:
         start, end = _line_start(file, piece.start), _line_start(file, piece.end)
         file.seek(start)
         data = file.read(max(0, end - start))
-    yield _split(io.BytesIO(data))
+    yield _split(_where(piece), io.BytesIO(data))
 
 
-def _split(stream: IO[bytes]) -> Iterator[list[bytes]]:
-    tail = b""
-    while block := stream.read(_BLOCK):
-        lines = (tail + block).split(b"\n")
-        tail = lines.pop()
-        yield lines
-    if tail:
-        yield [tail]
+def _split(where: str, stream: IO[bytes]) -> Iterator[list[bytes]]:
+    for block in line_blocks(stream, LineSplitter.raw(where), _BLOCK):
+        if isinstance(block, BadLine):  # a line over a limit: the raw splitter has none
+            next(block)  # raises its ChunkFormatError
+        else:
+            yield block
 
 
 def _line_start(file: IO[bytes], offset: int) -> int:

@@ -131,6 +131,42 @@ def test_json_lines_chunk_sizes_count_only_the_records(tmp_path: Path) -> None:
     assert [json.dumps(r) for ref in index.chunk_refs for r in read_jsonl(ref)] == records
 
 
+@pytest.mark.parametrize(
+    ("kind", "reader", "lines"),
+    [
+        ("txt", read_lines, ["first", "", "a \r inside", " spaced ", "last"]),
+        ("jsonl", read_jsonl, ['{"id": 1}', "", ' {"text": "a\\r\\nb"}', "\t", '{"id": 2}']),
+    ],
+)
+def test_crlf_input_gives_the_same_records_through_every_reader_path(
+    tmp_path: Path, kind: str, reader: Any, lines: list[str]
+) -> None:
+    """Lines ending in "\\r\\n" give the records the reader gives for the file itself,
+    whether it is read whole (compressed), in byte ranges, or chunked and read back; the
+    chunks are those of the same lines ending in "\\n" (a line's own lone "\\r" is kept).
+    """
+    crlf = "\r\n".join(lines).encode()
+    plain = tmp_path / f"crlf.{kind}"
+    plain.write_bytes(crlf)
+    packed = tmp_path / f"crlf.{kind}.gz"
+    packed.write_bytes(gzip.compress(crlf))
+    unix = tmp_path / f"lf.{kind}"
+    unix.write_bytes("\n".join(lines).encode())
+    expected = list(reader(str(unix)))
+    assert list(reader(str(plain))) == list(reader(str(packed))) == expected
+    runs = {
+        "ranges": chunk_corpus([str(plain)], str(tmp_path / "ranges"), items_per_chunk=2,
+                               split_bytes=8, workers=1),
+        "whole": chunk_corpus([str(packed)], str(tmp_path / "whole"), items_per_chunk=2,
+                              workers=1),
+        "lf": chunk_corpus([str(unix)], str(tmp_path / "lf"), items_per_chunk=2, workers=1),
+    }  # fmt: skip
+    for name, index in runs.items():
+        assert [item for ref in index.chunk_refs for item in reader(ref)] == expected, name
+        assert all(not found for _, found in verify_chunks(index)), name
+    assert [c.sha256 for c in runs["whole"].chunks] == [c.sha256 for c in runs["lf"].chunks]
+
+
 def test_jsonl_to_zstd_chunks(tmp_path: Path) -> None:
     records = [{"id": i, "text": "é" * i} for i in range(10)]
     source = tmp_path / "data.jsonl.gz"
