@@ -193,7 +193,10 @@ def load_checkpoint_info(
     """`load_checkpoint`, telling which file and step were read and which were refused.
 
     Args:
-        path, storage_options, retry: as for `load_checkpoint`.
+        path: as for `load_checkpoint`.
+        storage_options: passed to fsspec for URLs.
+        retry: the retry policy of transient failures of the store (`DEFAULT_RETRY` if
+            None).
         fallback: with a ``{step}`` pattern, whether a refused newest file makes the next
             older file be tried (with a `DamagedCheckpointWarning`); False raises the
             newest file's error instead.

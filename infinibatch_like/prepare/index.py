@@ -385,7 +385,9 @@ def read_index(
     """The index in `dir_or_url`, not compared with the chunk files (see `load_index`).
 
     Args:
-        dir_or_url, storage_options, retry: as for `load_index`.
+        dir_or_url: the job's output directory or URL.
+        storage_options: options of the fsspec file system of a URL.
+        retry: the retry policy of transient remote failures (`DEFAULT_RETRY` if None).
 
     Raises:
         ChunkIndexError: if there is none, or it is damaged or of another version.
