@@ -473,20 +473,23 @@ def state_before_last(source: Iterator[Any]) -> State | None:
     return source._state_before_last() if isinstance(source, Stage) else None
 
 
-def skip_items(stage: Stage[Any], iterator: Iterator[Any], n: int, what: str) -> None:
-    """Skip `n` items of `iterator` while `stage` restores (with its ``skip`` where it is a
-    `SkippableIterator`); a mismatch if it ends early."""
+def skip_items(iterator: Iterator[Any], count: int, owner: str, what: str) -> None:
+    """Pass over the `count` items of `iterator` that a checkpoint says were consumed
+    (with its ``skip`` where it is a `SkippableIterator`), while the stage `owner` restores
+    (or its worker replays); a StateMismatchError naming `owner` if it ends early."""
     if isinstance(iterator, SkippableIterator):
-        skipped = iterator.skip(n)
-        if skipped < n:
-            raise stage.mismatch(
-                f"the checkpoint skips {n} items of {what}, but there are only {skipped}"
+        skipped = iterator.skip(count)
+        if skipped < count:
+            raise StateMismatchError(
+                f"the checkpoint skips {count} items of {what}, but there are only {skipped}",
+                (owner,),
             )
         return
-    for index in range(n):
+    for index in range(count):
         try:
             next(iterator)
         except StopIteration:
-            raise stage.mismatch(
-                f"the checkpoint skips {n} items of {what}, but there are only {index}"
+            raise StateMismatchError(
+                f"the checkpoint skips {count} items of {what}, but there are only {index}",
+                (owner,),
             ) from None

@@ -18,10 +18,9 @@ from typing import Any, NamedTuple
 
 from .._core.probe import WorkerStats
 from .._core.protocol import CheckpointableIterator
-from .._core.stage import fast_iterator, source_state
+from .._core.stage import fast_iterator, skip_items, source_state
 from ..io._counts import ReadsSince
 from . import shm, wire
-from .cursor import replay
 from .errors import (
     ErrorReport,
     WorkerError,
@@ -94,7 +93,7 @@ def produce(production: Production, pace: Pace | None = None) -> Iterator[Messag
     """
     source, skip, every, max_batch, owner, _ = production
     pull = fast_iterator(source)
-    replay(pull, skip, owner)
+    skip_items(pull, skip, owner, "its source after the snapshot")
     getstate: Callable[[], Any] = partial(source_state, source)
     if skip:
         yield Batch([], Mark(0, getstate()))

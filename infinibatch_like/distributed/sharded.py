@@ -150,7 +150,9 @@ class _ShardGroup(Stage[tuple[int, bool, Any]]):
             raise self.mismatch(f"shard {entry['shard']} has not ended but has no state")
         self.restore_source(pipeline, entry["source"], where)
         if entry["replay"]:
-            skip_items(self, fast_iterator(pipeline), entry["replay"], f"shard {entry['shard']}")
+            skip_items(
+                fast_iterator(pipeline), entry["replay"], self._name, f"shard {entry['shard']}"
+            )
 
     def _generate(self) -> Iterator[tuple[int, bool, Any]]:
         shards, count = self._shards, len(self._shards)

@@ -12,6 +12,7 @@ and `chunked_dataset_iterator`.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypeVar, cast
@@ -354,11 +355,23 @@ class BudgetedStage(Stage[T]):
         self._budget = None if policy is None else Budget(self._name, policy)
 
     @property
-    def skipped(self) -> SkipLedger:
-        """What this stage skipped so far (an empty ledger with ``on_error="raise"``)."""
+    def skip_ledger(self) -> SkipLedger:
+        """What this stage skipped so far (an empty ledger with ``on_error="raise"``); the
+        ledgers of a whole pipeline are `skip_ledgers`."""
         if self._budget is None:
             return SkipLedger(self._name)
         return self._budget.ledger()
+
+    @property
+    def skipped(self) -> SkipLedger:
+        """Deprecated: `skip_ledger` (``skipped`` is a count elsewhere, e.g.
+        ``SkipIterator.skipped``)."""
+        warnings.warn(
+            f"{self._name}.skipped is deprecated; use .skip_ledger (the same SkipLedger)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.skip_ledger
 
     def _skip_fields(self, seen: int) -> State:
         """``{"skips": ...}`` with `seen` items of the input so far (nothing without a budget)."""

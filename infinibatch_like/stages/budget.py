@@ -111,7 +111,7 @@ class TokenBudgetMultiplexIterator(WeightedMultiplexIterator[T]):
         if state is None:
             return
         for index, (source, skip) in enumerate(zip(self._choices, skips, strict=True)):
-            skip_items(self, fast_iterator(source), skip, f"source {index}")
+            skip_items(fast_iterator(source), skip, self._name, f"source {index}")
         self._marks, self._read = list(state["sources"]), skips
 
     def _checked_skips(self, skips: Any) -> list[int]:

@@ -345,7 +345,7 @@ class SelectManyIterator(BudgetedStage[Any]):
             try:
                 inner = self._open(collection)
                 if skip:
-                    skip_items(self, inner, skip, "the current collection")
+                    skip_items(inner, skip, self._name, "the current collection")
                 for self._consumed, output in enumerate(inner, skip + 1):
                     yield output
             except Exception as error:
@@ -374,7 +374,7 @@ class SelectManyIterator(BudgetedStage[Any]):
                     self._base += 1
                     continue
                 if skip:
-                    skip_items(self, inner, skip, "the current collection")
+                    skip_items(inner, skip, self._name, "the current collection")
                 while (output := next(inner, _END)) is not _END:
                     if type(output) is BadRecord:
                         kind = "record"
