@@ -7,6 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any, ClassVar, Generic, TypeVar
 
+from .._core.graph import Place, walk
 from .._core.probe import Gauges
 from .._core.protocol import CheckpointableIterator, State
 from .._core.stage import Stage, source_state
@@ -133,11 +134,13 @@ def start_background(pipeline: CheckpointableIterator[Any]) -> None:
     Stages inside a worker process (the source of a process `PrefetchIterator`) start
     with that worker. Stages that are not background stages are left as they are.
     """
-    if isinstance(pipeline, Stage) and not (
-        isinstance(pipeline, BackgroundStage) and pipeline._runner.sources_in_worker_process
-    ):
-        for source in pipeline._sources:
-            if isinstance(source, CheckpointableIterator):
-                start_background(source)
-    if isinstance(pipeline, BackgroundStage):
-        pipeline.start()
+    places = list(walk(pipeline, _reads_here))
+    for place in reversed(places):  # sources first: a worker never starts one it reads
+        if isinstance(place.stage, BackgroundStage):
+            place.stage.start()
+
+
+def _reads_here(place: Place) -> bool:
+    """Whether the sources of the stage at `place` are read in this process."""
+    stage = place.stage
+    return not (isinstance(stage, BackgroundStage) and stage._runner.sources_in_worker_process)

@@ -11,7 +11,8 @@ from itertools import chain, repeat
 from typing import Any, ClassVar
 
 from .._core.checks import require_callable, require_checkpointable, require_int
-from .._core.notes import NOTE_PREFIX, add_note, has_library_note, short_repr
+from .._core.names import short_repr
+from .._core.notes import NOTE_PREFIX, add_note, has_library_note
 from .._core.probe import Gauges, StageProbe
 from .._core.protocol import CheckpointableIterator, SkippableIterator, State, StateMismatchError
 from .._core.stage import fast_iterator, skip_items, source_state
