@@ -83,7 +83,7 @@ def _shown_arguments(node: Node) -> list[str]:
         bound = signature.bind(node, *args, **kwargs).arguments
     except TypeError:
         return ["..."]
-    shown = []
+    shown: list[str] = []
     for name, value in list(bound.items())[1:]:
         kind = signature.parameters[name].kind
         if kind is inspect.Parameter.VAR_POSITIONAL:
@@ -125,6 +125,14 @@ def step(stage: object, index: int) -> str:
     """The path step from `stage` to its source number `index`: ``.source`` or
     ``.sources[index]``."""
     return ".source" if len(sources_of(stage)) == 1 else f".sources[{index}]"
+
+
+def step_to(stage: object, source: object) -> str:
+    """The path step from `stage` to `source` (see `step`); "" if it is not a source."""
+    for index, candidate in enumerate(sources_of(stage)):
+        if candidate is source:
+            return step(stage, index)
+    return ""
 
 
 @dataclass(frozen=True, eq=False)

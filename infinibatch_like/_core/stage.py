@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
-from .graph import Node, consumers_of
+from .graph import Node, consumers_of, step_to
 from .notes import note_error
 from .pickling import Rebuildable
 from .protocol import (
@@ -275,20 +275,22 @@ class Stage(Node, Rebuildable[T]):
             if type(saved[name]) is not type(value) or saved[name] != value:
                 raise self._argument_changed(name, saved[name], value)
 
-    def restore_source(self, source: Iterator[Any], state: State | None, where: str) -> None:
-        """Set `source` to `state`, naming `where` (e.g. ``"source"``) in mismatch errors."""
+    def restore_source(self, source: Iterator[Any], state: State | None) -> None:
+        """Set `source` (one of this stage's sources) to `state`; a mismatch error names
+        the path through this stage (``MapIterator.source > ...``)."""
         try:
             if isinstance(source, Stage):
                 source._set(state)
             elif isinstance(source, CheckpointableIterator):
                 source.setstate(state)
         except StateMismatchError as error:
-            raise error.within(f"{self._name}.{where}") from None
+            raise error.within(f"{self._name}{step_to(self, source)}") from None
 
     def restore_sources(
         self, sources: Sequence[Iterator[Any]], states: list[Any] | None, where: str
     ) -> None:
-        """Restore each of `sources` from `states` (None resets them all)."""
+        """Restore each of `sources` from `states` (None resets them all), the list held
+        by the state's field `where`."""
         if states is not None and len(states) != len(sources):
             raise self.mismatch(
                 f"the checkpoint holds {len(states)} {where} states, this stage has {len(sources)}"
@@ -297,9 +299,7 @@ class Stage(Node, Rebuildable[T]):
             if not isinstance(state, dict):
                 raise self.mismatch(f"{where}[{index}] must be a dict, got {state!r}")
         for index, source in enumerate(sources):
-            self.restore_source(
-                source, None if states is None else states[index], f"{where}[{index}]"
-            )
+            self.restore_source(source, None if states is None else states[index])
 
     def mismatch(self, reason: str) -> StateMismatchError:
         """A StateMismatchError raised by this stage itself."""

@@ -97,7 +97,7 @@ class BackgroundStage(Stage[T], Generic[T]):
     def _restore(self, state: State | None) -> None:
         runner = self._runner
         runner.stop()
-        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self.restore_source(self._source, None if state is None else state["source"])
         if state is None:
             runner.reset(ReplayCursor(source_state(self._source), 0))
         else:

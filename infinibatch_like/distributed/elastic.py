@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .._core.graph import Place, walk
 from .._core.protocol import CheckpointableIterator, State
 from ..stages.mapping import MapIterator
 from .equal_length import EqualLengthIterator
@@ -43,6 +44,10 @@ _WHY = {
     "ChunkedSourceIterator": "it reads this rank's share of the chunks",
 }
 _PASS_THROUGH = (MapIterator, EqualLengthIterator)  # stages elastic above a ShardedIterator
+
+
+def _passes_through(place: Place) -> bool:
+    return isinstance(place.stage, _PASS_THROUGH)
 
 
 def why_not_elastic(stage: str) -> str:
@@ -92,9 +97,9 @@ def elastic_state(
             f"factory, or relaunch with {len(states)} ranks"
         )
 
-    stage = iterator
-    while isinstance(stage, _PASS_THROUGH):
-        stage = stage._source
+    stage = next(  # the first stage below the pass-through ones
+        place.stage for place in walk(iterator, _passes_through) if not _passes_through(place)
+    )
     if not isinstance(stage, ShardedIterator):
         raise refuse(type(stage).__name__)
     pooling = Pooling("restore_state", "rank", refuse, stage.num_shards)

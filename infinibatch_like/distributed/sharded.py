@@ -15,6 +15,7 @@ from typing import Any, ClassVar, TypeVar
 
 from .._core.checks import require_callable, require_checkpointable, require_int
 from .._core.fingerprint import described
+from .._core.graph import Place, walk
 from .._core.protocol import CheckpointableIterator, State
 from .._core.stage import Stage, fast_iterator, skip_items, source_state
 from ..background.lifecycle import get_context
@@ -142,13 +143,13 @@ class _ShardGroup(Stage[tuple[int, bool, Any]]):
     def _restore_shard(self, index: int, entry: State) -> None:
         self._delivered[index] = entry["delivered"]
         self._ended[index] = entry["ended"]
-        pipeline, where = self._pipelines[index], f"shards[{index}]"
+        pipeline = self._pipelines[index]
         if entry["ended"]:
-            self.restore_source(pipeline, None, where)
+            self.restore_source(pipeline, None)
             return
         if entry["source"] is None:
             raise self.mismatch(f"shard {entry['shard']} has not ended but has no state")
-        self.restore_source(pipeline, entry["source"], where)
+        self.restore_source(pipeline, entry["source"])
         if entry["replay"]:
             skip_items(self, fast_iterator(pipeline), entry["replay"], f"shard {entry['shard']}")
 
@@ -393,10 +394,10 @@ class ShardedIterator(Stage[T]):
                 "next": self._owned[live[0]] if live else -1,
             }
             if feed is group:
-                self.restore_source(feed, group_state, f"workers[{worker}]")
+                self.restore_source(feed, group_state)
             else:
                 prefetch_state = {"stage": "PrefetchIterator", "source": group_state, "replay": 0}
-                self.restore_source(feed, prefetch_state, f"workers[{worker}]")
+                self.restore_source(feed, prefetch_state)
 
     def _generate(self) -> Iterator[T]:
         owned, count = self._owned, len(self._owned)
@@ -439,15 +440,10 @@ def _mixer_of(pipeline: CheckpointableIterator[Any], shard: int) -> WeightedMult
     """The one `WeightedMultiplexIterator` of a shard's pipeline, not below a background
     stage; else a ValueError naming the shard."""
     found: list[tuple[WeightedMultiplexIterator[Any], str | None]] = []
-    stack: list[tuple[Any, str | None]] = [(pipeline, None)]
-    while stack:
-        stage, background = stack.pop()
-        if isinstance(stage, WeightedMultiplexIterator):
-            found.append((stage, background))
-        elif isinstance(stage, Stage):
-            if isinstance(stage, BackgroundStage):
-                background = background or type(stage).__name__
-            stack.extend((source, background) for source in stage._sources)
+    for place in walk(pipeline, _not_a_mixer):
+        if isinstance(place.stage, WeightedMultiplexIterator):
+            below = [up.stage for up in place.above() if isinstance(up.stage, BackgroundStage)]
+            found.append((place.stage, type(below[-1]).__name__ if below else None))
     if len(found) != 1:
         raise ValueError(
             f"ShardedIterator.set_weights: shard {shard}'s pipeline holds {len(found)} "
@@ -461,3 +457,8 @@ def _mixer_of(pipeline: CheckpointableIterator[Any], shard: int) -> WeightedMult
             "effect at an exact item; put the background stage below the mixer"
         )
     return mixer
+
+
+def _not_a_mixer(place: Place) -> bool:
+    """Whether `_mixer_of` looks into the sources of the stage at `place`."""
+    return not isinstance(place.stage, WeightedMultiplexIterator)

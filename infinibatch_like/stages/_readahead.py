@@ -85,11 +85,11 @@ class ReadAheadStage(Stage[T]):
 
     def _restore(self, state: State | None) -> None:
         if state is None:
-            self.restore_source(self._source, None, "source")
+            self.restore_source(self._source, None)
             self._mark: Mark = (0, None)
             self._skip = 0
         else:
-            self.restore_source(self._source, state["source"], "source")
+            self.restore_source(self._source, state["source"])
             self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
             self._mark = read_mark(self, state["draws"], state["generator"])
             self._skip = state["emitted"]

@@ -42,7 +42,7 @@ class FixedBatchIterator(Stage[list[T]]):
         return {"source": source_state(self._source)}
 
     def _restore(self, state: State | None) -> None:
-        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self.restore_source(self._source, None if state is None else state["source"])
         self._iterator = self._generate()
 
     def _generate(self) -> Iterator[list[T]]:

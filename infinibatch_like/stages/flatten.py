@@ -256,10 +256,10 @@ class SelectManyIterator(BudgetedStage[Any]):
 
     def _restore(self, state: State | None) -> None:
         if state is None:
-            self.restore_source(self._source, None, "source")
+            self.restore_source(self._source, None)
             self._anchor, self._consumed = source_state(self._source), 0
         else:
-            self.restore_source(self._source, state["source"], "source")
+            self.restore_source(self._source, state["source"])
             self._anchor, self._consumed = state["source"], state["consumed"]
         if self._consumed < 0:
             raise self.mismatch(f"'consumed' must be >= 0, got {self._consumed}")

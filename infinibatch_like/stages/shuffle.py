@@ -121,7 +121,7 @@ class BufferedShuffleIterator(Stage[T]):
         }
 
     def _restore(self, state: State | None) -> None:
-        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self.restore_source(self._source, None if state is None else state["source"])
         if state is None:
             self._buffer: list[Any] = [_EMPTY] * self._size
             self._rng = CountingRandom(self._seed)

@@ -47,8 +47,8 @@ import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
+from .._core.graph import walk
 from .._core.protocol import CheckpointableIterator, State
-from .._core.stage import Stage
 
 Factory = Callable[[], CheckpointableIterator[Any]]
 
@@ -587,11 +587,8 @@ def _check_closed_state(
 
 
 def _inner_stage(pipeline: CheckpointableIterator[Any]) -> CheckpointableIterator[Any] | None:
-    if isinstance(pipeline, Stage):
-        for source in pipeline._sources:
-            if isinstance(source, CheckpointableIterator):
-                return source
-    return None
+    """The first checkpointable source of `pipeline`, if it has one."""
+    return next((place.stage for place in walk(pipeline) if place.parent is not None), None)
 
 
 def _check_inner_restore(

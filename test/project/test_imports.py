@@ -58,9 +58,8 @@ def import_graph() -> dict[str, set[str]]:
                 submodules = [f"{base}.{name}" for name in names if f"{base}.{name}" in paths]
                 if submodules:
                     targets.update(submodules)
-                if len(submodules) < len(names) or not names:
-                    if base in paths:
-                        targets.add(base)
+                if (len(submodules) < len(names) or not names) and base in paths:
+                    targets.add(base)
         graph[name] = targets - {name}
     return graph
 

@@ -136,7 +136,7 @@ def test_training_loop_bound_pipeline_is_called_so() -> None:
 
 
 def iterator_types(pipeline: it.CheckpointableIterator[Any]) -> list[str]:
-    return [type(stage._iterator).__name__ for stage in stages(pipeline) if isinstance(stage, Stage)]
+    return [type(s._iterator).__name__ for s in stages(pipeline) if isinstance(s, Stage)]
 
 
 def mixed_pipeline() -> it.CheckpointableIterator[Any]:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import infinibatch_like.iterators as it
-from infinibatch_like._core.stage import Stage
+from infinibatch_like._core import stage as stage_module
 from infinibatch_like.testing import ContractViolation, assert_checkpointable
 
 HANGING = threading.Event()
@@ -105,7 +105,8 @@ def test_an_outer_stage_that_ignores_an_inner_restore_is_caught(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Without the marking of consumers, an outer stage keeps reading the old stream.
-    monkeypatch.setattr(Stage, "_desync_consumers", lambda self: None)
+    observers = [o for o in stage_module._RESTORE_OBSERVERS if o is not stage_module._desync_consumers]
+    monkeypatch.setattr(stage_module, "_RESTORE_OBSERVERS", observers)
     with pytest.raises(ContractViolation, match=r"^inner restore:"):
         assert_checkpointable(
             lambda: it.MapIterator(it.NativeCheckpointableIterator(list(range(30))), str)
