@@ -10,10 +10,10 @@ States are computed on demand from what each stage tracks, never pickled.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
+from .arguments import StreamArguments
 from .graph import Node, consumers_of, step_to
 from .notes import note_error
 from .pickling import Rebuildable
@@ -70,8 +70,8 @@ class _Halted(Iterator[Any]):
         raise RuntimeError(self._message) from self._cause
 
 
-class Stage(Node, Rebuildable[T]):
-    """Base class of this library's stages: state checks, failure, close and pickling.
+class Stage(Node, StreamArguments, Rebuildable[T]):
+    """Base class of this library's stages: states, restores, failure and close.
 
     A subclass sets ``_sources`` (its upstream iterators), ``_state_fields`` (the keys of
     its state besides ``"stage"`` and the type each value must have) and implements
@@ -80,12 +80,14 @@ class Stage(Node, Rebuildable[T]):
     sources' positions with `source_state` (no copy) and, if some of its arguments decide
     the stream, returns them from ``_arguments()``. A stage built with user callables names
     their parameters in ``_user_callables``, so that an error they raise gets a note naming
-    the stage (see `_callables`); if such an error consumes the item the callable was given
+    the stage (see `notes`); if such an error consumes the item the callable was given
     (a builtin ``map``), ``_loses_input_on_error`` makes the state step the source back to
     that item, or `getstate` refuse the undefined position until the next `setstate`.
-    A function that builds stages from its own arguments (``chunked_dataset_iterator``'s
-    `buffer_size` becomes a shuffle's `block_size`) names them with `label_arguments`, so
-    that a refused state names the argument the user passed.
+    A base class that needs setting up offers ``_init_<base>(...)``, which sets fields
+    only; a stage calls those of its bases in its ``__init__``, then ``self._restore(None)``
+    last, as every stage does. A function that builds stages from its own arguments
+    (``chunked_dataset_iterator``'s `buffer_size` becomes a shuffle's `block_size`) names
+    them with `label_arguments`, so that a refused state names the argument the user passed.
 
     The base class gives every stage the contract's guarantees: states in and out are
     snapshots (`getstate` copies the state once, at the stage it is called on, and
@@ -120,9 +122,6 @@ class Stage(Node, Rebuildable[T]):
     _desync: str | None = None
     _probe: StageProbe | None = None
     """Statistics' counters while they are on (`infinibatch_like.stats`), else None."""
-    _argument_labels: Mapping[str, str] = MappingProxyType({})
-    """How errors name this stage's arguments where a builder set them from its own (see
-    `label_arguments`)."""
 
     # -- iteration ---------------------------------------------------------------------
 
@@ -205,7 +204,7 @@ class Stage(Node, Rebuildable[T]):
         if stage is None and checkpoint.get("format") == GATHERED_FORMAT:
             raise self.mismatch(
                 "this is every rank's state gathered by gather_state(); restore it with "
-                "infinibatch_like.distributed.ranks.restore_state(pipeline, state), which gives "
+                "infinibatch_like.distributed.restore_state(pipeline, state), which gives "
                 "each rank its own"
             )
         if stage != self._name:
@@ -233,48 +232,6 @@ class Stage(Node, Rebuildable[T]):
             del checkpoint[extra]
         return checkpoint
 
-    @property
-    def _fingerprint(self) -> State:
-        cached: State | None = self.__dict__.get("_fingerprint_cache")
-        if cached is None:
-            cached = self.__dict__["_fingerprint_cache"] = self._arguments()
-        return cached
-
-    def _arguments(self) -> State:
-        """The arguments that decide the stream, as small plain data (computed once).
-
-        A state taken with other values is refused, naming the argument. Arguments that
-        may change at a restart (sizes of background buffers, read-ahead) are left out.
-        """
-        return {}
-
-    def label_arguments(self, labels: Mapping[str, str]) -> Stage[T]:
-        """Name some of this stage's arguments, in errors, as the builder of the pipeline
-        named the arguments they came from (``{"block_size": "chunked_dataset_iterator's
-        buffer_size"}``); returns the stage."""
-        self._argument_labels = MappingProxyType(dict(labels))
-        return self
-
-    def _argument_changed(self, name: str, saved: object, own: object) -> StateMismatchError:
-        """The error for a state taken with another value of the argument `name`."""
-        label = self._argument_labels.get(name)
-        taken = f"{name}={saved!r}, this stage has {name}={own!r}"
-        if label is not None:
-            taken = f"{label}={saved!r}, this pipeline has {own!r} ({self._name}'s {name})"
-        return self.mismatch(
-            f"the checkpoint was taken with {taken}; this argument decides the stream and "
-            "cannot change at a restart"
-        )
-
-    def _check_fingerprint(self, saved: object, own: State) -> None:
-        if not isinstance(saved, dict):
-            raise self.mismatch(f"state field 'fingerprint' must be a dict, got {saved!r}")
-        for name, value in own.items():
-            if name not in saved:
-                raise self.mismatch(f"the state's fingerprint lacks the argument {name!r}")
-            if type(saved[name]) is not type(value) or saved[name] != value:
-                raise self._argument_changed(name, saved[name], value)
-
     def restore_source(self, source: Iterator[Any], state: State | None) -> None:
         """Set `source` (one of this stage's sources) to `state`; a mismatch error names
         the path through this stage (``MapIterator.source > ...``)."""
@@ -300,10 +257,6 @@ class Stage(Node, Rebuildable[T]):
                 raise self.mismatch(f"{where}[{index}] must be a dict, got {state!r}")
         for index, source in enumerate(sources):
             self.restore_source(source, None if states is None else states[index])
-
-    def mismatch(self, reason: str) -> StateMismatchError:
-        """A StateMismatchError raised by this stage itself."""
-        return StateMismatchError(reason, (self._name,))
 
     @abstractmethod
     def _state(self) -> State: ...

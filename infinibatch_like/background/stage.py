@@ -70,7 +70,8 @@ class BackgroundStage(Stage[T], Generic[T]):
     """A stage whose items come from a `Runner` over one source: checkpoints, restore,
     early start, close and garbage collection are handled here.
 
-    A subclass checks its arguments, builds its runner and calls `_init_background`.
+    A subclass checks its arguments, builds its runner, calls `_init_background` and
+    then, like every stage, ``self._restore(None)``.
 
     Checkpoint:
         ``{"source", "replay"}``: the source's state at the last snapshot at or before the
@@ -82,11 +83,11 @@ class BackgroundStage(Stage[T], Generic[T]):
     _runner: Runner
 
     def _init_background(self, source: CheckpointableIterator[Any], runner: Runner) -> None:
+        """Read `source` through `runner` (fields only: see `Stage`)."""
         self._source = source
         self._sources = (source,)
         self._runner = runner
         self._finalizer = weakref.finalize(self, runner.stop)
-        self._restore(None)
 
     def _state(self) -> State:
         return self._runner.cursor.state()

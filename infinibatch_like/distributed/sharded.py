@@ -23,6 +23,7 @@ from ..background.stage import BackgroundStage
 from ..stages.prefetch import PrefetchIterator
 from ..stages.sources import check_rank
 from ..stages.weighted import WeightedMultiplexIterator, checked_weights
+from .ranks import rank_and_world_size
 
 T = TypeVar("T")
 
@@ -243,8 +244,6 @@ class ShardedIterator(Stage[T]):
         require_int("ShardedIterator", "buffer_size", buffer_size, 1)
         require_int("ShardedIterator", "snapshot_every", snapshot_every, 1)
         if rank is None and world_size is None:
-            from .ranks import rank_and_world_size
-
             rank, world_size = rank_and_world_size()
         if rank is None or world_size is None:
             raise ValueError("ShardedIterator: pass rank and world_size together, or neither")
@@ -374,7 +373,7 @@ class ShardedIterator(Stage[T]):
             raise self.mismatch(
                 f"the state holds shards {shards}, but rank {self.rank} of {self.world_size} "
                 f"reads {self._owned}; to resume on another number of ranks, restore a "
-                "gather_state() checkpoint with infinibatch_like.distributed.ranks.restore_state"
+                "gather_state() checkpoint with infinibatch_like.distributed.restore_state"
             )
         if state["next"] not in (*self._owned, -1):
             raise self.mismatch(f"'next' must be one of {self._owned} or -1, got {state['next']}")

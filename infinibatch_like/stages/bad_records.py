@@ -350,6 +350,7 @@ class BudgetedStage(Stage[T]):
     _budget: Budget | None = None
 
     def _init_budget(self, owner: str, on_error: object) -> None:
+        """Set up the budget of `on_error` (see `Stage`: a base's setup sets fields only)."""
         policy = resolve_on_error(owner, on_error)
         self._budget = None if policy is None else Budget(self._name, policy)
 

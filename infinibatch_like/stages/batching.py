@@ -126,6 +126,7 @@ class BucketedReadaheadBatchIterator(ReadAheadStage[list[T]]):
         self._key, self._batch_size, self._boundary_key = key, batch_size, boundary_key
         self._shuffle = bool(shuffle)
         self._init_read_ahead(source_iterator, seed)
+        self._restore(None)
 
     def _arguments(self) -> State:
         return {

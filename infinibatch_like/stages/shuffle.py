@@ -50,6 +50,7 @@ class BlockwiseShuffleIterator(ReadAheadStage[T]):
     ) -> None:
         self._block_size = require_int("BlockwiseShuffleIterator", "block_size", block_size, 1)
         self._init_read_ahead(source_iterator, seed)
+        self._restore(None)
 
     def _arguments(self) -> State:
         return {"block_size": self._block_size}

@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 import infinibatch_like.iterators as it
 from infinibatch_like.datasets import chunked_dataset_iterator
+from infinibatch_like.distributed import restore_state
 from infinibatch_like.distributed.elastic import elastic_state
-from infinibatch_like.distributed.ranks import GATHERED_FORMAT, restore_state
+from infinibatch_like.distributed.ranks import GATHERED_FORMAT
 from infinibatch_like.distributed.sharded import ShardedIterator, owned_shards
 from infinibatch_like.stages.sources import create_source_iterator
 from infinibatch_like.testing import assert_checkpointable

@@ -105,7 +105,8 @@ def test_an_outer_stage_that_ignores_an_inner_restore_is_caught(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Without the marking of consumers, an outer stage keeps reading the old stream.
-    observers = [o for o in stage_module._RESTORE_OBSERVERS if o is not stage_module._desync_consumers]
+    marking = stage_module._desync_consumers
+    observers = [o for o in stage_module._RESTORE_OBSERVERS if o is not marking]
     monkeypatch.setattr(stage_module, "_RESTORE_OBSERVERS", observers)
     with pytest.raises(ContractViolation, match=r"^inner restore:"):
         assert_checkpointable(
