@@ -387,7 +387,8 @@ def skip_ledgers(
     pipeline: CheckpointableIterator[Any] | Mapping[str, Any],
 ) -> dict[str, SkipLedger]:
     """The ledgers of every stage of `pipeline` that skips bad records, by chain path
-    (e.g. ``"MapIterator > PrefetchIterator > SelectManyIterator"``).
+    (e.g. ``"MapIterator.source > PrefetchIterator.source > SelectManyIterator"``: the
+    path of `infinibatch_like._core.graph`, its steps the fields of the state).
 
     `pipeline` is a pipeline, whose state is read (so stages inside worker processes are
     included, as of their latest snapshot), or a state, e.g. one loaded from a checkpoint.
@@ -399,9 +400,11 @@ def skip_ledgers(
 
 
 def _collect(state: object, path: list[str], found: dict[str, SkipLedger]) -> None:
+    """Add the ledgers in `state` to `found`; `path`: the path down to `state`, its last
+    step open (``["MapIterator.source"]``) where `state` is a stage's field."""
     if isinstance(state, list):
-        for item in state:
-            _collect(item, path, found)
+        for index, item in enumerate(state):
+            _collect(item, _step(path, f"[{index}]"), found)
         return
     if not isinstance(state, dict):
         return
@@ -419,4 +422,9 @@ def _collect(state: object, path: list[str], found: dict[str, SkipLedger]) -> No
         found[key] = budget.ledger(key)
     for key, value in state.items():
         if key not in ("skips", "fingerprint"):
-            _collect(value, here, found)
+            _collect(value, _step(here, f".{key}"), found)
+
+
+def _step(path: list[str], step: str) -> list[str]:
+    """`path` with `step` (``".source"``, ``"[1]"``) added to its last part."""
+    return [*path[:-1], path[-1] + step] if path else path
