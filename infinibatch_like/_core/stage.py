@@ -112,16 +112,17 @@ class Stage(Node, StreamArguments, Rebuildable[T]):
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {}
     _iterator: Iterator[T]
     _closed: bool = False
-    _user_callables: ClassVar[tuple[str, ...]] = ()
-    """Constructor parameters that take user callables (named in error notes)."""
-    _loses_input_on_error: ClassVar[bool] = False
-    """Whether an error in a user callable consumes the item it was called on."""
-    _lost_input: str | None = None
     _closed_state: State | None = None
     _closed_reason: str = ""
     _desync: str | None = None
     _probe: StageProbe | None = None
     """Statistics' counters while they are on (`infinibatch_like.stats`), else None."""
+    _user_callables: ClassVar[tuple[str, ...]] = ()
+    """Constructor parameters that take user callables (named in error notes)."""
+    _loses_input_on_error: ClassVar[bool] = False
+    """Whether an error in a user callable consumes the item it was called on."""
+    _lost_input: str | None = None
+    """Why the position is undefined after such an error (None: it is defined)."""
 
     # -- iteration ---------------------------------------------------------------------
 
@@ -140,6 +141,19 @@ class Stage(Node, StreamArguments, Rebuildable[T]):
                     error,
                 )
             raise
+
+    # -- after an error in a user callable (see `notes`) ---------------------------------
+
+    def _fields_after_lost_input(self) -> State:
+        """The state's fields after a user callable of this stage raised on an item taken
+        from the source: by default none (RuntimeError saying why); a stage whose source
+        can step back one item (`state_before_last`) returns the fields that re-attempt it."""
+        raise RuntimeError(self._lost_input)
+
+    def _state_before_last(self) -> State | None:
+        """The state that yields this stage's last yielded item again, or None if the
+        stage cannot tell. Asked only after an error lost that item downstream."""
+        return None
 
     # -- checkpoints -------------------------------------------------------------------
 
@@ -164,17 +178,6 @@ class Stage(Node, StreamArguments, Rebuildable[T]):
         if fingerprint:
             state["fingerprint"] = fingerprint
         return state
-
-    def _fields_after_lost_input(self) -> State:
-        """The state's fields after a user callable of this stage raised on an item taken
-        from the source: by default none (RuntimeError saying why); a stage whose source
-        can step back one item (`state_before_last`) returns the fields that re-attempt it."""
-        raise RuntimeError(self._lost_input)
-
-    def _state_before_last(self) -> State | None:
-        """The state that yields this stage's last yielded item again, or None if the
-        stage cannot tell. Asked only after an error lost that item downstream."""
-        return None
 
     def setstate(self, checkpoint: State | None) -> None:
         self._set(None if checkpoint is None else copy_plain(checkpoint), direct=True)
