@@ -17,7 +17,7 @@ from itertools import chain
 from typing import Any
 
 from .._core.checks import require_int
-from .._core.notes import short_repr
+from .._core.names import short_repr
 from ._compression import codec_for, refuse_archive
 from ._lines import BadLine, Block, LineSplitter, bad_line, line_blocks
 from ._store import StorageOptions, Store

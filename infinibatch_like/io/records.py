@@ -13,7 +13,7 @@ import struct
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO, NamedTuple
 
-from .._core.notes import short_repr
+from .._core.names import short_repr
 from ._compression import codec_for, refuse_archive
 from ._store import StorageOptions, Store
 from .errors import ChunkFormatError

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypeVar, cast
 
-from .._core.notes import short_repr
+from .._core.names import short_repr
 from .._core.protocol import CheckpointableIterator, SkippableIterator, State, StateMismatchError
 from .._core.stage import Stage
 
@@ -351,6 +351,7 @@ class BudgetedStage(Stage[T]):
     _budget: Budget | None = None
 
     def _init_budget(self, owner: str, on_error: object) -> None:
+        """Set up the budget of `on_error` (see `Stage`: a base's setup sets fields only)."""
         policy = resolve_on_error(owner, on_error)
         self._budget = None if policy is None else Budget(self._name, policy)
 
@@ -399,7 +400,8 @@ def skip_ledgers(
     pipeline: CheckpointableIterator[Any] | Mapping[str, Any],
 ) -> dict[str, SkipLedger]:
     """The ledgers of every stage of `pipeline` that skips bad records, by chain path
-    (e.g. ``"MapIterator > PrefetchIterator > SelectManyIterator"``).
+    (e.g. ``"MapIterator.source > PrefetchIterator.source > SelectManyIterator"``: the
+    path of `infinibatch_like._core.graph`, its steps the fields of the state).
 
     `pipeline` is a pipeline, whose state is read (so stages inside worker processes are
     included, as of their latest snapshot), or a state, e.g. one loaded from a checkpoint.
@@ -411,9 +413,11 @@ def skip_ledgers(
 
 
 def _collect(state: object, path: list[str], found: dict[str, SkipLedger]) -> None:
+    """Add the ledgers in `state` to `found`; `path`: the path down to `state`, its last
+    step open (``["MapIterator.source"]``) where `state` is a stage's field."""
     if isinstance(state, list):
-        for item in state:
-            _collect(item, path, found)
+        for index, item in enumerate(state):
+            _collect(item, _step(path, f"[{index}]"), found)
         return
     if not isinstance(state, dict):
         return
@@ -431,4 +435,9 @@ def _collect(state: object, path: list[str], found: dict[str, SkipLedger]) -> No
         found[key] = budget.ledger(key)
     for key, value in state.items():
         if key not in ("skips", "fingerprint"):
-            _collect(value, here, found)
+            _collect(value, _step(here, f".{key}"), found)
+
+
+def _step(path: list[str], step: str) -> list[str]:
+    """`path` with `step` (``".source"``, ``"[1]"``) added to its last part."""
+    return [*path[:-1], path[-1] + step] if path else path

@@ -98,6 +98,6 @@ class BatchMapIterator(Stage[U]):
                     f"{self._name}: the state's offset must be >= 0 and < batch_size "
                     f"({self._batch_size}), got {skip}"
                 )
-        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self.restore_source(self._source, None if state is None else state["source"])
         self._start, self._offset = source_state(self._source), skip
         self._iterator = self._generate(skip)

@@ -53,7 +53,7 @@ class FilterIterator(Stage[T]):
         return {"source": source_state(self._source)}
 
     def _restore(self, state: State | None) -> None:
-        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self.restore_source(self._source, None if state is None else state["source"])
         self._iterator = filter(self._predicate, fast_iterator(self._source))
 
     def _fields_after_lost_input(self) -> State:

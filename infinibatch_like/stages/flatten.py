@@ -11,7 +11,8 @@ from itertools import chain, repeat
 from typing import Any, ClassVar
 
 from .._core.checks import require_callable, require_checkpointable, require_int
-from .._core.notes import NOTE_PREFIX, add_note, has_library_note, short_repr
+from .._core.names import short_repr
+from .._core.notes import NOTE_PREFIX, add_note, has_library_note
 from .._core.probe import Gauges, StageProbe
 from .._core.protocol import CheckpointableIterator, SkippableIterator, State, StateMismatchError
 from .._core.stage import fast_iterator, skip_items, source_state
@@ -255,10 +256,10 @@ class SelectManyIterator(BudgetedStage[Any]):
 
     def _restore(self, state: State | None) -> None:
         if state is None:
-            self.restore_source(self._source, None, "source")
+            self.restore_source(self._source, None)
             self._anchor, self._consumed = source_state(self._source), 0
         else:
-            self.restore_source(self._source, state["source"], "source")
+            self.restore_source(self._source, state["source"])
             self._anchor, self._consumed = state["source"], state["consumed"]
         if self._consumed < 0:
             raise self.mismatch(f"'consumed' must be >= 0, got {self._consumed}")

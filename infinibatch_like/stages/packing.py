@@ -233,7 +233,7 @@ class PackingIterator(Stage[PackedSequence]):
         raise AssertionError(f"{_NAME}: no replay point before document {document}")
 
     def _restore(self, state: State | None) -> None:
-        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self.restore_source(self._source, None if state is None else state["source"])
         self._packer = Packer(self._seq_len, self._window, self._best_fit, self._traced)
         self._read = self._yielded = 0
         self._ended = False

@@ -297,12 +297,13 @@ class ParallelMapIterator(BudgetedStage[Any], BackgroundStage[Any]):
             batched,
         )
         self._init_background(source_iterator, runner)
+        self._restore(None)
 
     def _state(self) -> State:
-        return {**super()._state(), **self._skip_fields(self._seen)}
+        return {**BackgroundStage._state(self), **self._skip_fields(self._seen)}
 
     def _restore(self, state: State | None) -> None:
-        super()._restore(state)
+        BackgroundStage._restore(self, state)
         self._seen = self._restore_budget(state)
         if self._budget is not None:
             self._iterator = self._skipping(self._iterator, self._budget)

@@ -50,6 +50,7 @@ class BlockwiseShuffleIterator(ReadAheadStage[T]):
     ) -> None:
         self._block_size = require_int("BlockwiseShuffleIterator", "block_size", block_size, 1)
         self._init_read_ahead(source_iterator, seed)
+        self._restore(None)
 
     def _arguments(self) -> State:
         return {"block_size": self._block_size}
@@ -133,7 +134,7 @@ class BufferedShuffleIterator(Stage[T]):
         }
 
     def _restore(self, state: State | None) -> None:
-        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self.restore_source(self._source, None if state is None else state["source"])
         if state is None:
             self._buffer: list[Any] = [_EMPTY] * self._size
             self._rng = CountingRandom(self._seed)

@@ -139,7 +139,7 @@ class SkipIterator(Stage[T]):
         }
 
     def _restore(self, state: State | None) -> None:
-        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self.restore_source(self._source, None if state is None else state["source"])
         if state is None:
             self._position, self._skipped, pending, self._done = 0, 0, [], []
         else:

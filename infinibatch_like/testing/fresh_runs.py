@@ -11,8 +11,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from .._core.graph import walk
 from .._core.protocol import CheckpointableIterator
-from .._core.stage import Stage
 from .damage import check_damaged_states
 from .states import dumped, emptied, stage_names
 from .streams import Same, all_same, preview, take
@@ -94,11 +94,8 @@ def _require_continuation(
 
 
 def _inner_stage(pipeline: CheckpointableIterator[Any]) -> CheckpointableIterator[Any] | None:
-    if isinstance(pipeline, Stage):
-        for source in pipeline._sources:
-            if isinstance(source, CheckpointableIterator):
-                return source
-    return None
+    """The first checkpointable source of `pipeline`, if it has one."""
+    return next((place.stage for place in walk(pipeline) if place.parent is not None), None)
 
 
 def check_inner_restore(trial: Trial) -> None:

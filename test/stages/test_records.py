@@ -365,7 +365,10 @@ def test_chunked_dataset_iterator_passes_on_error_down_through_a_worker_process(
         later = [next(pipeline) for _ in range(12)]
     assert set(items) <= {1, 2, 4, 5, 6, 8}
     ledgers = skip_ledgers(state)
-    reader = "MapIterator > PrefetchIterator > BlockwiseShuffleIterator > SelectManyIterator"
+    reader = (
+        "MapIterator.source > PrefetchIterator.source > BlockwiseShuffleIterator.source > "
+        "SelectManyIterator"
+    )
     assert list(ledgers) == ["MapIterator", reader]
     assert ledgers[reader].records == 0  # the bad lines fail in the transform
     assert ledgers["MapIterator"].last[0]["error"] == "JSONDecodeError"

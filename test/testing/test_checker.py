@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import infinibatch_like.iterators as it
-from infinibatch_like._core.stage import Stage
+from infinibatch_like._core import stage as stage_module
 from infinibatch_like.testing import ContractViolation, assert_checkpointable, checker
 from infinibatch_like.testing.rules import RULES, Rule
 from infinibatch_like.testing.trial import Trial
@@ -133,7 +133,9 @@ def test_an_outer_stage_that_ignores_an_inner_restore_is_caught(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Without the marking of consumers, an outer stage keeps reading the old stream.
-    monkeypatch.setattr(Stage, "_desync_consumers", lambda self: None)
+    marking = stage_module._desync_consumers
+    observers = [o for o in stage_module._RESTORE_OBSERVERS if o is not marking]
+    monkeypatch.setattr(stage_module, "_RESTORE_OBSERVERS", observers)
     with pytest.raises(ContractViolation, match=r"^inner restore:"):
         assert_checkpointable(
             lambda: it.MapIterator(it.NativeCheckpointableIterator(list(range(30))), str)
