@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import chain, count
 from typing import Any, Literal, NamedTuple, TypeVar, cast
 
-from .._core.notes import short_repr
+from .._core.notes import lost_input, short_repr
 from .._core.protocol import CheckpointableIterator, SkippableIterator, State, StateMismatchError
 from .._core.stage import Stage
 
@@ -154,18 +155,42 @@ class ParsedRecords(Iterator[U]):
 
 
 class BadRecord(NamedTuple):
-    """Stands in for a record whose reading raised (see `tolerant`)."""
+    """Stands in for a record whose reading or transform raised (see `tolerant` and
+    `guarded`)."""
 
     error_type: str
     message: str
+    error: BaseException | None = None
+    """The error itself, in the process that caught it (a pickle leaves it out)."""
+
+    def __reduce__(self) -> tuple[type[BadRecord], tuple[str, str]]:
+        return BadRecord, (self.error_type, self.message)
 
 
 def failure(error: BaseException) -> BadRecord:
-    """`error` as a `BadRecord` (plain strings, which also cross process boundaries)."""
+    """`error` as a `BadRecord` (its type and message as plain strings, which also cross
+    process boundaries)."""
     message = str(error)
     if len(message) > MESSAGE_LIMIT:
         message = message[: MESSAGE_LIMIT - 3] + "..."
-    return BadRecord(type(error).__qualname__, message)
+    return BadRecord(type(error).__qualname__, message, error)
+
+
+class Guarded:
+    """`transform`, returning a `BadRecord` for an item it raises an Exception on (a
+    picklable callable: the workers of a `ParallelMapIterator` run it too)."""
+
+    def __init__(self, transform: Callable[[Any], Any]) -> None:
+        self.transform = transform
+
+    def __call__(self, item: Any) -> Any:
+        try:
+            return self.transform(item)
+        except Exception as error:
+            return failure(error)
+
+    def __repr__(self) -> str:
+        return repr(self.transform)
 
 
 class _Tolerant(SkippableIterator[Any]):
@@ -342,12 +367,18 @@ class BudgetedStage(Stage[T]):
     """A stage that may skip bad records: its state holds ``"skips"`` (the `Budget`'s
     state) when it was built with a `SkipPolicy`, and nothing more otherwise.
 
+    Its bad-record filter is `_without_bad_records` (a stream of one output per input
+    item) or `_records_of` (a chunk's records), and `_skip_bad` for a failure found
+    otherwise; they number the stage's input in `_seen`, the budget's positions.
+
     `on_error` may change at a restart: a state without ``"skips"`` (taken with
     ``on_error="raise"``) starts a fresh ledger, and one with it given to a stage that
     raises has its ledger ignored.
     """
 
     _budget: Budget | None = None
+    _seen = 0
+    """Items of the stage's input so far, skipped ones included (with a budget)."""
 
     def _init_budget(self, owner: str, on_error: object) -> None:
         policy = resolve_on_error(owner, on_error)
@@ -371,15 +402,69 @@ class BudgetedStage(Stage[T]):
             checked["skips"] = skips
         return checked
 
-    def _restore_budget(self, state: State | None) -> int:
-        """Put the budget into place from `state` (None: afresh); the items seen so far."""
+    def _restore_budget(self, state: State | None) -> None:
+        """Put the budget and `_seen` into place from `state` (None: afresh)."""
+        self._seen = 0
         if self._budget is None:
-            return 0
+            return
         try:
             self._budget.restore(None if state is None else state.get("skips"))
         except ValueError as error:
             raise self.mismatch(str(error)) from None
-        return self._budget.seen
+        self._seen = self._budget.seen
+
+    def _without_bad_records(self, outputs: Iterable[Any]) -> Iterator[Any]:
+        """`outputs`, one per item of the input, without their `BadRecord`s (items whose
+        transform raised), which `_skip_bad` counts."""
+        for output in outputs:
+            if type(output) is BadRecord:
+                self._skip_bad(output, "item")
+                continue
+            self._seen += 1
+            yield output
+
+    def _records_of(self, records: Iterator[Any], chunk: Any, first: int) -> Iterator[Any]:
+        """The records of `chunk` read `tolerant`ly from its record number `first` on,
+        with `SKIPPED` in place of each `BadRecord`, which `_skip_bad` counts: a
+        ``"record"``, or the ``"chunk"`` when it is its first record and nothing follows."""
+        for index in count(first):
+            record = next(records, _MISSING)
+            if record is _MISSING:
+                return
+            if type(record) is BadRecord:
+                kind = "record"
+                if index == 0:  # nothing read: is there anything after it?
+                    following = next(records, _MISSING)
+                    if following is _MISSING:
+                        kind = "chunk"
+                    else:
+                        records = chain((following,), records)
+                self._skip_bad(record, kind, chunk, index)
+                yield SKIPPED
+                continue
+            self._seen += 1
+            yield record
+
+    def _skip_bad(self, bad: BadRecord, kind: str, chunk: Any = None, record: int = 0) -> None:
+        """Count `bad`, the failure of input item number `_seen` (`kind`, `chunk` and
+        `record` as in `Budget.skip`), or raise `SkipBudgetExceeded` from its error.
+        An ``"item"`` beyond the budget is consumed without a position after it: the
+        stage's state then steps back to it or refuses (see `lost_input`)."""
+        assert self._budget is not None
+        try:
+            self._budget.skip(bad, self._seen, kind, chunk, record)
+        except SkipBudgetExceeded as exceeded:
+            if kind == "item":
+                self._lost_input = lost_input(
+                    f"{exceeded}; the item it failed on is consumed from the source and the "
+                    "source cannot step back to it"
+                )
+            raise exceeded from bad.error
+        self._seen += 1
+
+
+SKIPPED: Any = object()
+"""What `BudgetedStage._records_of` yields in place of a bad record."""
 
 
 def skip_ledgers(
