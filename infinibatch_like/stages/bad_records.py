@@ -7,7 +7,9 @@ skipped; ``on_error="skip"`` is `DEFAULT_SKIP_POLICY` (at most 10 in every 10,00
 Skipping is deterministic: it depends only on the data, and the budget window and the
 ledger are part of the checkpoint, so a restored pipeline skips exactly the same records.
 Stages that take `on_error`: `MapIterator`, `ParallelMapIterator`, `SelectManyIterator`
-and `chunked_dataset_iterator`.
+and `chunked_dataset_iterator`. They derive from `BudgetedStage`, whose filter is the one
+place where bad records are counted and left out: a failure becomes a `BadRecord` where it
+happens (`Guarded` transforms, `tolerant` readers) and the filter meets it in the stream.
 """
 
 from __future__ import annotations
@@ -96,8 +98,9 @@ def resolve_on_error(owner: str, on_error: object) -> SkipPolicy | None:
 class SkipBudgetExceeded(RuntimeError):
     """More records failed than a stage's `SkipPolicy` allows.
 
-    Raised from the stage's ``next()``, with the last failure as ``__cause__``; `stage`,
-    `policy` and `last` (the latest ledger entries) tell the rest.
+    Raised from the stage's ``next()``, with the last failure as ``__cause__`` (where it
+    was raised in this process, not in a worker process); `stage`, `policy` and `last`
+    (the latest ledger entries) tell the rest.
     """
 
     def __init__(self, stage: str, policy: SkipPolicy, window: str, last: list[State]) -> None:

@@ -49,7 +49,8 @@ class SelectManyIterator(BudgetedStage[Any]):
     item of the source, in order: a flat-map.
 
     With ``read_ahead=n`` the next `n` collections are read in background threads (one
-    thread each, named ``infinibatch_like.SelectManyIterator.reader``) while the consumer
+    thread each, named ``infinibatch_like.SelectManyIterator.reader``: see
+    `infinibatch_like.background.readers`) while the consumer
     works through the current one, e.g. reading and decompressing the next chunk files.
     Each such collection is materialized as a list, so up to ``n + 1`` are held in memory;
     the selector must be thread-safe. The output and the states are the same as without

@@ -318,14 +318,17 @@ def test_chunk_reader_budget_exceeded_points_at_the_failing_record() -> None:
 
 @pytest.mark.parametrize("read_ahead", [0, 2])
 @pytest.mark.parametrize(
-    ("policy", "cause"), [(SkipPolicy(0), json.JSONDecodeError), (SkipPolicy(1), FileNotFoundError)]
+    ("policy", "before", "cause"),
+    [(SkipPolicy(0), [1, 2], json.JSONDecodeError),
+     (SkipPolicy(1), [1, 2, 4, 5, 6], FileNotFoundError)],
 )
 def test_chunk_reader_budget_exceeded_is_raised_from_the_reading_error(
-    read_ahead: int, policy: SkipPolicy, cause: type[Exception]
+    read_ahead: int, policy: SkipPolicy, before: list[int], cause: type[Exception]
 ) -> None:
     pipeline = it.SelectManyIterator(it.NativeCheckpointableIterator(list(LINES)),
                                      read_json_lines, read_ahead=read_ahead, on_error=policy)
     out, error = drain(pipeline)
+    assert out == before
     assert isinstance(error, SkipBudgetExceeded)
     assert type(error.__cause__) is cause
     assert str(error).endswith(f"{cause.__name__}: {error.__cause__}")
