@@ -9,14 +9,14 @@ ledger are part of the checkpoint, so a restored pipeline skips exactly the same
 Stages that take `on_error`: `MapIterator`, `ParallelMapIterator`, `SelectManyIterator`
 and `chunked_dataset_iterator`. They derive from `BudgetedStage`, whose filter is the one
 place where bad records are counted and left out: a failure becomes a `BadRecord` where it
-happens (`Guarded` transforms, `tolerant` readers) and the filter meets it in the stream.
+happens (a `MapIterator`'s transform call, `Guarded` transforms in workers, `tolerant`
+chunk readers) and the filter meets it in the stage's input.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from itertools import chain, count
 from typing import Any, Literal, NamedTuple, TypeVar, cast
 
 from .._core.notes import lost_input, short_repr
@@ -158,25 +158,27 @@ class ParsedRecords(Iterator[U]):
 
 
 class BadRecord(NamedTuple):
-    """Stands in for a record whose reading or transform raised (see `tolerant` and
-    `guarded`)."""
+    """Stands in for an item whose transform raised (see `Guarded`), or a record whose
+    reading raised (see `tolerant`)."""
 
     error_type: str
     message: str
+    kind: str = "item"
+    """``"item"``, ``"record"`` or ``"chunk"``, as in `SkipLedger`."""
     error: BaseException | None = None
     """The error itself, in the process that caught it (a pickle leaves it out)."""
 
-    def __reduce__(self) -> tuple[type[BadRecord], tuple[str, str]]:
-        return BadRecord, (self.error_type, self.message)
+    def __reduce__(self) -> tuple[type[BadRecord], tuple[str, str, str]]:
+        return BadRecord, (self.error_type, self.message, self.kind)
 
 
-def failure(error: BaseException) -> BadRecord:
+def failure(error: BaseException, kind: str = "item") -> BadRecord:
     """`error` as a `BadRecord` (its type and message as plain strings, which also cross
     process boundaries)."""
     message = str(error)
     if len(message) > MESSAGE_LIMIT:
         message = message[: MESSAGE_LIMIT - 3] + "..."
-    return BadRecord(type(error).__qualname__, message, error)
+    return BadRecord(type(error).__qualname__, message, kind, error)
 
 
 class Guarded:
@@ -201,8 +203,12 @@ class _Tolerant(SkippableIterator[Any]):
 
     def __init__(self, items: Iterator[Any], longest_run: int) -> None:
         self._items, self._longest_run, self._in_a_row = items, longest_run, 0
+        self._ahead: Any = _FIRST
+        """A record read ahead, `_FIRST` before the first one, else _MISSING."""
 
     def __next__(self) -> Any:
+        if self._ahead is not _MISSING:
+            return self._take_ahead()
         if self._in_a_row >= self._longest_run:
             raise StopIteration
         try:
@@ -212,14 +218,33 @@ class _Tolerant(SkippableIterator[Any]):
             raise
         except Exception as error:
             self._in_a_row += 1
-            return failure(error)
+            return failure(error, "record")
         self._in_a_row = 0
         return item
+
+    def _take_ahead(self) -> Any:
+        """The record read ahead, or the first one: a failed first record with nothing
+        after it is the chunk's failure (to know, the next record is read ahead)."""
+        ahead, self._ahead = self._ahead, _MISSING
+        if ahead is not _FIRST:
+            return ahead
+        first = next(self, _MISSING)
+        if first is _MISSING:
+            raise StopIteration
+        if type(first) is BadRecord:
+            following = next(self, _MISSING)
+            if following is _MISSING:
+                return first._replace(kind="chunk")
+            self._ahead = following
+        return first
 
     def skip(self, count: int) -> int:
         items = self._items
         if isinstance(items, SkippableIterator):  # each failed record counts as one there
-            return items.skip(count)
+            skipped = items.skip(count)
+            if skipped:
+                self._ahead = _MISSING  # the next record is not the first one
+            return skipped
         skipped = 0
         while skipped < count and next(self, _MISSING) is not _MISSING:
             skipped += 1
@@ -227,13 +252,16 @@ class _Tolerant(SkippableIterator[Any]):
 
 
 _MISSING: Any = object()
+_FIRST: Any = object()
 
 
 def tolerant(items: Iterator[Any], longest_run: int) -> Iterator[Any]:
-    """The items of `items`, with a `BadRecord` in place of each item whose ``next()``
-    raised, as long as the iterator goes on after an error (a generator does not). Stops
-    after `longest_run` failures in a row, so that an iterator failing forever ends. A
-    `SkippableIterator` stays one: skipping passes over its failed records as well."""
+    """The records of `items` (a chunk), with a `BadRecord` in place of each record whose
+    ``next()`` raised, as long as the iterator goes on after an error (a generator does
+    not): a ``"record"``, or the ``"chunk"`` where its first record failed and nothing
+    follows. Stops after `longest_run` failures in a row, so that an iterator failing
+    forever ends. A `SkippableIterator` stays one (skip before reading): skipping passes
+    over its failed records as well."""
     return _Tolerant(items, longest_run)
 
 
@@ -310,12 +338,11 @@ class Budget:
             "last": [dict(entry) for entry in self.last],
         }
 
-    def skip(
-        self, bad: BadRecord, position: int, kind: str, chunk: Any = None, record: int = 0
-    ) -> None:
-        """Count the failure of the item at `position` of the stage's input (`kind` and
-        `chunk` as in `SkipLedger`; `record`: its index in the chunk), or raise
+    def skip(self, bad: BadRecord, position: int, chunk: Any = None, record: int = 0) -> None:
+        """Count the failure `bad` of the item at `position` of the stage's input (`chunk`
+        as in `SkipLedger`; `record`: its index in the chunk), or raise
         `SkipBudgetExceeded` (counting nothing)."""
+        kind = bad.kind
         window = 0 if self.policy.per_items is None else position // self.policy.per_items
         in_window = (self.in_window if window == self.window else 0) + 1
         name = None if chunk is None else short_repr(chunk, MESSAGE_LIMIT)
@@ -370,9 +397,9 @@ class BudgetedStage(Stage[T]):
     """A stage that may skip bad records: its state holds ``"skips"`` (the `Budget`'s
     state) when it was built with a `SkipPolicy`, and nothing more otherwise.
 
-    Its bad-record filter is `_without_bad_records` (a stream of one output per input
-    item) or `_records_of` (a chunk's records), and `_skip_bad` for a failure found
-    otherwise; they number the stage's input in `_seen`, the budget's positions.
+    Its bad-record filter is `_skip_bad`, which counts a `BadRecord` met at a position of
+    the stage's input, and `_without_bad_records`, which leaves them out of a stream of
+    one output per input item, numbering the input in `_seen`.
 
     `on_error` may change at a restart: a state without ``"skips"`` (taken with
     ``on_error="raise"``) starts a fresh ledger, and one with it given to a stage that
@@ -381,7 +408,7 @@ class BudgetedStage(Stage[T]):
 
     _budget: Budget | None = None
     _seen = 0
-    """Items of the stage's input so far, skipped ones included (with a budget)."""
+    """Items of the stage's input so far, skipped ones included (`_without_bad_records`)."""
 
     def _init_budget(self, owner: str, on_error: object) -> None:
         policy = resolve_on_error(owner, on_error)
@@ -417,57 +444,31 @@ class BudgetedStage(Stage[T]):
         self._seen = self._budget.seen
 
     def _without_bad_records(self, outputs: Iterable[Any]) -> Iterator[Any]:
-        """`outputs`, one per item of the input, without their `BadRecord`s (items whose
-        transform raised), which `_skip_bad` counts."""
+        """`outputs`, one per item of the input (numbered by `_seen`), without their
+        `BadRecord`s, which `_skip_bad` counts."""
         for output in outputs:
             if type(output) is BadRecord:
-                self._skip_bad(output, "item")
+                self._skip_bad(output, self._seen)
+                self._seen += 1
                 continue
             self._seen += 1
             yield output
 
-    def _records_of(self, records: Iterator[Any], chunk: Any, first: int) -> Iterator[Any]:
-        """The records of `chunk` read `tolerant`ly from its record number `first` on,
-        with `SKIPPED` in place of each `BadRecord`, which `_skip_bad` counts: a
-        ``"record"``, or the ``"chunk"`` when it is its first record and nothing follows."""
-        for index in count(first):
-            record = next(records, _MISSING)
-            if record is _MISSING:
-                return
-            if type(record) is BadRecord:
-                kind = "record"
-                if index == 0:  # nothing read: is there anything after it?
-                    following = next(records, _MISSING)
-                    if following is _MISSING:
-                        kind = "chunk"
-                    else:
-                        records = chain((following,), records)
-                self._skip_bad(record, kind, chunk, index)
-                yield SKIPPED
-                continue
-            self._seen += 1
-            yield record
-
-    def _skip_bad(self, bad: BadRecord, kind: str, chunk: Any = None, record: int = 0) -> None:
-        """Count `bad`, the failure of input item number `_seen` (`kind`, `chunk` and
-        `record` as in `Budget.skip`), or raise `SkipBudgetExceeded` from its error.
-        An ``"item"`` beyond the budget is consumed without a position after it: the
-        stage's state then steps back to it or refuses (see `lost_input`)."""
+    def _skip_bad(self, bad: BadRecord, position: int, chunk: Any = None, record: int = 0) -> None:
+        """Count `bad`, the failure of input item number `position` (`chunk` and `record`
+        as in `Budget.skip`), or raise `SkipBudgetExceeded` from its error. An ``"item"``
+        beyond the budget is consumed without a position after it: the stage's state then
+        steps back to it or refuses (see `lost_input`)."""
         assert self._budget is not None
         try:
-            self._budget.skip(bad, self._seen, kind, chunk, record)
+            self._budget.skip(bad, position, chunk, record)
         except SkipBudgetExceeded as exceeded:
-            if kind == "item":
+            if bad.kind == "item":
                 self._lost_input = lost_input(
                     f"{exceeded}; the item it failed on is consumed from the source and the "
                     "source cannot step back to it"
                 )
             raise exceeded from bad.error
-        self._seen += 1
-
-
-SKIPPED: Any = object()
-"""What `BudgetedStage._records_of` yields in place of a bad record."""
 
 
 def skip_ledgers(

@@ -12,7 +12,7 @@ from .._core.probe import Gauges
 from .._core.protocol import CheckpointableIterator, State, StateMismatchError
 from .._core.stage import fast_iterator, skip_items, source_state
 from ..background.readers import ChunkRead, ReadAhead
-from .bad_records import SKIPPED, BudgetedStage, OnError, failure, tolerant
+from .bad_records import BadRecord, BudgetedStage, OnError, failure, tolerant
 
 Selector = Callable[[Any], Iterable[Any]]
 CHUNK_REPR_LIMIT = 240
@@ -132,7 +132,7 @@ class SelectManyIterator(BudgetedStage[Any]):
         return {
             "source": self._anchor,
             "consumed": self._consumed,
-            **self._skip_fields(self._seen),
+            **self._skip_fields(self._base + self._consumed),
         }
 
     def _restore(self, state: State | None) -> None:
@@ -145,6 +145,7 @@ class SelectManyIterator(BudgetedStage[Any]):
         if self._consumed < 0:
             raise self.mismatch(f"'consumed' must be >= 0, got {self._consumed}")
         self._restore_budget(state)
+        self._base = self._seen - self._consumed  # the position of the collection's start
         self._window = None
         collections = self._read_now() if self._read_ahead == 0 else self._read_early()
         self._iterator = self._generate(collections, self._consumed)
@@ -218,8 +219,8 @@ class SelectManyIterator(BudgetedStage[Any]):
 
     def _generate(self, collections: Collections, skip: int) -> Iterator[Any]:
         """The items of the collections, each restored one from its item `skip` on. With a
-        budget, a chunk that cannot be opened and the records whose reading raised are
-        skipped (`_records_of`); `_consumed` counts those records as positions."""
+        budget, a chunk that cannot be opened and the records whose reading raised (their
+        `BadRecord`s) are skipped; `_consumed` counts those records as positions."""
         on_empty, skipping = self._on_empty, self._budget is not None
         for self._anchor, item, collection in collections:
             self._consumed = skip
@@ -229,20 +230,28 @@ class SelectManyIterator(BudgetedStage[Any]):
                 except Exception as error:
                     if not skipping or skip:  # it opened before the checkpoint: a real failure
                         raise
-                    self._skip_bad(failure(error), "chunk", item)
+                    self._skip_bad(failure(error, "chunk"), self._base, item)
+                    self._base += 1
                     continue
                 if skip:
                     skip_items(self, inner, skip, "the current collection")
                 if skipping:
-                    inner = self._records_of(inner, item, skip)
-                for self._consumed, output in enumerate(inner, skip + 1):
-                    if output is not SKIPPED:
+                    for index, output in enumerate(inner, skip):
+                        if type(output) is BadRecord:  # the state points at it until counted
+                            self._skip_bad(output, self._base + index, item, index)
+                            self._consumed = index + 1
+                            continue
+                        self._consumed = index + 1
+                        yield output
+                else:
+                    for self._consumed, output in enumerate(inner, skip + 1):
                         yield output
             except Exception as error:
                 self._note_reading_error(error, item)
                 raise
             if not self._consumed and on_empty is not None:
                 on_empty(item)
+            self._base += self._consumed
             skip = 0
         self._source_ended(skip)
 
