@@ -223,6 +223,7 @@ class SelectManyIterator(BudgetedStage[Any]):
         `BadRecord`s) are skipped; `_consumed` counts those records as positions."""
         on_empty, skipping = self._on_empty, self._budget is not None
         for self._anchor, item, collection in collections:
+            self._base += self._consumed - skip  # past the previous collection, if any
             self._consumed = skip
             try:
                 try:
@@ -251,8 +252,8 @@ class SelectManyIterator(BudgetedStage[Any]):
                 raise
             if not self._consumed and on_empty is not None:
                 on_empty(item)
-            self._base += self._consumed
             skip = 0
+        self._base += self._consumed - skip
         self._source_ended(skip)
 
     def _open(self, collection: Callable[[], Iterator[Any]]) -> Iterator[Any]:
