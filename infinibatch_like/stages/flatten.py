@@ -12,7 +12,8 @@ from .._core.probe import Gauges
 from .._core.protocol import CheckpointableIterator, State, StateMismatchError
 from .._core.stage import fast_iterator, skip_items, source_state
 from ..background.readers import ChunkRead, ReadAhead
-from .bad_records import BadRecord, BudgetedStage, OnError, failure, tolerant
+from ._failures import BadRecord, failure, tolerant
+from .bad_records import BudgetedStage, OnError
 
 Selector = Callable[[Any], Iterable[Any]]
 CHUNK_REPR_LIMIT = 240

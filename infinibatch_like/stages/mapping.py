@@ -19,7 +19,8 @@ from .._core.rng import (
     resolve_seed,
 )
 from .._core.stage import Stage, fast_iterator, source_state, state_before_last
-from .bad_records import BudgetedStage, OnError, failure
+from ._failures import failure
+from .bad_records import BudgetedStage, OnError
 
 T = TypeVar("T")
 U = TypeVar("U")

@@ -19,7 +19,8 @@ from ..background.lifecycle import ProcessesRefused, get_context, warn_thread_fa
 from ..background.messages import Result, Task
 from ..background.pool import Pool, ProcessPool, ThreadPool
 from ..background.stage import BackgroundStage, Runner
-from .bad_records import BudgetedStage, Guarded, OnError
+from ._failures import Guarded
+from .bad_records import BudgetedStage, OnError
 
 _MODES = ("process", "thread")
 
