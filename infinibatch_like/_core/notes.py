@@ -176,6 +176,15 @@ def callable_note(pipeline: object, error: BaseException) -> str | None:
     return None if origin is None else f"{NOTE_PREFIX}{origin})"
 
 
+def lost_input(cause: str) -> str:
+    """What ``getstate`` raises after `cause`, an error that took input from a stage's
+    source without yielding it (the stage's ``_lost_input``, see ``Stage``)."""
+    return (
+        f"{cause}: the position after the error is not defined. Restore a checkpoint taken "
+        "before the error (setstate) to continue"
+    )
+
+
 def note_error(pipeline: object, error: BaseException) -> None:
     """Name the user callable that raised `error` in a note (unless the error has one),
     and mark the stages that took an input they cannot give back (their ``getstate``
@@ -184,12 +193,10 @@ def note_error(pipeline: object, error: BaseException) -> None:
         raisers = raising_callables(pipeline, error)
         for raiser in raisers:
             if getattr(raiser.stage, "_loses_input_on_error", False):
-                raiser.stage._lost_input = (
+                raiser.stage._lost_input = lost_input(
                     f"{raiser.stage._name}: its {raiser.param} raised "
                     f"{type(error).__name__}, so the item it was given is consumed from the "
-                    "source and not yielded, and the source cannot step back to it: the "
-                    "position after the error is not defined. Restore a checkpoint taken "
-                    "before the error (setstate) to continue"
+                    "source and not yielded, and the source cannot step back to it"
                 )
         if not has_library_note(error) and (note := callable_note(pipeline, error)):
             add_note(error, note)

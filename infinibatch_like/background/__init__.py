@@ -3,7 +3,8 @@ consumer, shared by every background stage.
 
 - `errors`: `WorkerError`, and how a worker's exception reaches the consumer.
 - `lifecycle`: start methods, starting and stopping worker processes, the registry of
-  live workers (stopped at exit), the timeouts.
+  live workers (stopped at exit), the timeouts, and `wait_for`: the consumer's one wait
+  loop (interrupts, worker death, last words).
 - `worker_gc`: the garbage collector of worker processes (`set_worker_gc`).
 - `wire`: how objects and bytes cross a process boundary (cloudpickle for pipelines,
   framed messages on pipes that the reader polls, so that a dead writer never hangs it).
@@ -12,6 +13,7 @@ consumer, shared by every background stage.
 - `messages`: the typed messages between workers and the consumer.
 - `channels`: one producer worker (thread or process) behind a bounded buffer.
 - `pool`: the workers of a parallel map (processes or threads).
+- `readers`: chunks read ahead by threads of the consumer's process (`SelectManyIterator`).
 - `cursor`: the consumer's position: a source snapshot and the items consumed since.
 - `stage`: `BackgroundStage`, the base of `PrefetchIterator` and `ParallelMapIterator`.
 - `stacks`: the stacks of this process's threads and of its worker processes (for the

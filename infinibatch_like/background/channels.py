@@ -35,11 +35,12 @@ from .lifecycle import (
     POLL_S,
     THREAD_STOP_S,
     Resource,
-    check_interrupt,
     get_context,
     parent_alive,
+    queue_get,
     start_process,
     stop_process,
+    wait_for,
     worker_setup,
 )
 from .messages import Batch, End, Failure, Mark, Message
@@ -192,25 +193,17 @@ class ThreadChannel(Channel):
             messages.close()  # type: ignore[attr-defined]
 
     def receive(self) -> Batch | End:
-        get = self._queue.get
-        try:
-            return _opened(get(False))  # type: ignore[return-value]
-        except queue.Empty:
-            pass
-        if self._warn_empty:
-            logger.warning("%s: the prefetch buffer is empty; waiting for its worker", self._name)
-        while True:
-            try:
-                return _opened(get(True, POLL_S))  # type: ignore[return-value]
-            except queue.Empty:
-                check_interrupt()
-                if not self._thread.is_alive():
-                    try:
-                        return _opened(get(False))  # type: ignore[return-value]
-                    except queue.Empty:
-                        raise WorkerError(
-                            f"{self._name}: its worker thread stopped without a result"
-                        ) from None
+        get: Callable[[float], Message | None] = partial(queue_get, self._queue)
+        message = get(0.0)
+        if message is None:
+            if self._warn_empty:
+                logger.warning(
+                    "%s: the prefetch buffer is empty; waiting for its worker", self._name
+                )
+            message = wait_for(get, self._thread.is_alive)
+            if message is None:
+                raise WorkerError(f"{self._name}: its worker thread stopped without a result")
+        return _opened(message)  # type: ignore[return-value]
 
     def produced(self) -> int | None:
         return None if self._upstream is None else self._upstream.produced()
@@ -438,11 +431,6 @@ class ProcessChannel(Channel):
     def _alive(self) -> bool:
         return self._process.exitcode is None
 
-    def _waiting(self) -> bool:
-        """`_alive`, checked while the consumer waits: a pending interrupt is raised."""
-        check_interrupt()
-        return self._alive()
-
     def pids(self) -> list[int]:
         pid = self._process.pid
         return [pid] if pid is not None and self._alive() else []
@@ -460,7 +448,7 @@ class ProcessChannel(Channel):
                 logger.warning(
                     "%s: the prefetch buffer is empty; waiting for its worker", self.name
                 )
-            frame = wire.read_until(self._reader, self._waiting, POLL_S, LAST_WORDS_S)
+            frame = wire.read_until(self._reader, self._alive, POLL_S, LAST_WORDS_S)
             if frame is None:
                 self.stop_worker()
                 raise died(self.name, self._process.pid, self._process.exitcode)

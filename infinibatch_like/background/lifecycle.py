@@ -15,17 +15,20 @@ import logging
 import multiprocessing
 import multiprocessing.util
 import os
+import queue
 import select
 import signal
 import threading
 from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, TypeVar
 
 from . import stacks, worker_gc
 
 logger = logging.getLogger("infinibatch_like")
+
+R = TypeVar("R")
 
 POLL_S = 0.1
 """How often a waiting consumer checks that its workers are alive (seconds)."""
@@ -64,6 +67,34 @@ def check_interrupt() -> None:
         error = _INTERRUPTS.pop(threading.get_ident(), None)
         if error is not None:
             raise error
+
+
+def wait_for(
+    attempt: Callable[[float], R],
+    alive: Callable[[], bool],
+    last_words_s: float = 0.0,
+    poll_s: float = POLL_S,
+) -> R:
+    """The consumer's one wait loop: the first result of ``attempt(poll_s)`` (an attempt
+    waits up to that long) that is not None. Between attempts, a pending `interrupt` of
+    this thread is raised and `alive` asked (is the worker still there?); once it is
+    not, one more ``attempt(last_words_s)`` gives what the worker left (None: nothing)."""
+    while True:
+        result = attempt(poll_s)
+        if result is not None:
+            return result
+        check_interrupt()
+        if not alive():
+            return attempt(last_words_s)
+
+
+def queue_get(entries: queue.Queue[R] | queue.SimpleQueue[R], timeout: float) -> R | None:
+    """The next of `entries`, waiting up to `timeout` seconds (None: none came): the
+    `attempt` of a `wait_for` on a worker thread's queue."""
+    try:
+        return entries.get(True, timeout)
+    except queue.Empty:
+        return None
 
 
 def get_context(owner: str, start_method: str | None) -> BaseContext:

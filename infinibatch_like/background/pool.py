@@ -10,6 +10,7 @@ import select
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -20,13 +21,13 @@ from . import shm, wire
 from .errors import ErrorReport, WorkerError, died, local_error, report_error
 from .lifecycle import (
     JOIN_S,
-    POLL_S,
     Resource,
-    check_interrupt,
     get_context,
     parent_alive,
+    queue_get,
     start_process,
     stop_process,
+    wait_for,
     worker_setup,
 )
 from .messages import Result, Task
@@ -247,22 +248,32 @@ class ProcessPool(Pool):
         self._sender.send(self._task_fds[index], shm.encode(task, self._outgoing[index]))
 
     def receive(self) -> Result:
-        while True:
-            # Checked before every result: a dead worker may hold none of the tasks the
-            # consumer waits for, while the others keep everything flowing.
-            for process in self._processes:
-                if process.exitcode is not None:
-                    raise died(self._name, process.pid, process.exitcode)
-            check_interrupt()
-            for fd, _ in self._poll.poll(1000 * POLL_S):
-                try:
-                    frame = self._readers[fd].read(0)
-                except EOFError:
-                    continue  # the worker is gone: seen above
-                if frame is not None:
-                    result: Result = pickle.loads(frame)
-                    self._unfinished[self._worker_of.pop(result.number)] -= 1
-                    return result
+        # Checked before every result: a dead worker may hold none of the tasks the
+        # consumer waits for, while the others keep everything flowing.
+        if self._dead() is None:
+            result = wait_for(self._poll_result, lambda: self._dead() is None)
+            if result is not None:
+                return result
+        dead = self._dead()
+        assert dead is not None  # what ended the wait
+        raise died(self._name, dead.pid, dead.exitcode)
+
+    def _dead(self) -> BaseProcess | None:
+        """A worker process that is gone, if one is."""
+        return next((p for p in self._processes if p.exitcode is not None), None)
+
+    def _poll_result(self, timeout: float) -> Result | None:
+        """A result that came within `timeout` seconds, if one did."""
+        for fd, _ in self._poll.poll(1000 * timeout):
+            try:
+                frame = self._readers[fd].read(0)
+            except EOFError:
+                continue  # the worker is gone: `_all_alive` tells
+            if frame is not None:
+                result: Result = pickle.loads(frame)
+                self._unfinished[self._worker_of.pop(result.number)] -= 1
+                return result
+        return None
 
     def pids(self) -> list[int]:
         return [p.pid for p in self._processes if p.pid is not None and p.exitcode is None]
@@ -322,13 +333,13 @@ class ThreadPool(Pool):
         self._tasks.put(task)
 
     def receive(self) -> Result:
-        while True:
-            try:
-                return self._results.get(True, POLL_S)
-            except queue.Empty:
-                check_interrupt()
-                if not all(thread.is_alive() for thread in self._threads):
-                    raise WorkerError(f"{self._name}: a worker thread stopped") from None
+        result = wait_for(partial(queue_get, self._results), self._all_alive)
+        if result is None:
+            raise WorkerError(f"{self._name}: a worker thread stopped")
+        return result
+
+    def _all_alive(self) -> bool:
+        return all(thread.is_alive() for thread in self._threads)
 
     def _shutdown(self) -> None:
         for _ in self._threads:

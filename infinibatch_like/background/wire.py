@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._core.pickling import callable_pickling
+from .lifecycle import wait_for
 
 PROTOCOL = pickle.HIGHEST_PROTOCOL
 
@@ -128,20 +129,12 @@ class FrameReader:
 def read_until(
     reader: FrameReader, alive: Callable[[], bool], poll_s: float, last_words_s: float
 ) -> bytearray | None:
-    """The next frame of `reader`, waiting while `alive()`: None once the writer is gone
-    and nothing complete came within `last_words_s`."""
-    while True:
-        try:
-            frame = reader.read(poll_s)
-        except EOFError:
-            return None
-        if frame is not None:
-            return frame
-        if not alive():
-            try:
-                return reader.read(last_words_s)
-            except EOFError:
-                return None
+    """The next frame of `reader`, waiting while `alive()` (see `lifecycle.wait_for`): None
+    once the writer is gone and nothing complete came within `last_words_s`."""
+    try:
+        return wait_for(reader.read, alive, last_words_s, poll_s)
+    except EOFError:
+        return None
 
 
 def send_frames(sock: socket.socket, *messages: tuple[Any, ...] | bytes) -> None:

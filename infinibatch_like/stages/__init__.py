@@ -17,9 +17,11 @@
 - `budget`: mixing sources by tokens or any per-item cost (`TokenBudgetMultiplexIterator`).
 - `packing`: documents of tokens packed into fixed-length sequences (`PackingIterator`).
 - `skipping`: ranges of a stream left out on purpose (`SkipIterator`).
-- `bad_records`: skipping items whose reading or transform raises (`SkipPolicy`, ledgers).
+- `bad_records`: skipping items whose reading or transform raises (`SkipPolicy`, ledgers,
+  the bad-record filter of the stages that take `on_error`).
 - `fanout`, `fanout_remote`: one pipeline read by several consumers (threads, processes).
-- `_readahead`, `_packer`: shared parts of the read-ahead stages and of packing.
+- `_readahead`, `_packer`, `_failures`: shared parts of the read-ahead stages, of packing,
+  and of bad-record skipping (failures as `BadRecord`s where they happen).
 """
 
 from .bad_records import SkipBudgetExceeded, SkipLedger, SkipPolicy

@@ -7,7 +7,10 @@ skipped; ``on_error="skip"`` is `DEFAULT_SKIP_POLICY` (at most 10 in every 10,00
 Skipping is deterministic: it depends only on the data, and the budget window and the
 ledger are part of the checkpoint, so a restored pipeline skips exactly the same records.
 Stages that take `on_error`: `MapIterator`, `ParallelMapIterator`, `SelectManyIterator`
-and `chunked_dataset_iterator`.
+and `chunked_dataset_iterator`. They derive from `BudgetedStage`, whose filter is the one
+place where bad records are counted and left out: a failure becomes a `BadRecord` where it
+happens (a `MapIterator`'s transform call, `Guarded` transforms in workers, `tolerant`
+chunk readers) and the filter meets it in the stage's input.
 """
 
 from __future__ import annotations
@@ -15,18 +18,16 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 from .._core.names import short_repr
-from .._core.protocol import CheckpointableIterator, SkippableIterator, State, StateMismatchError
+from .._core.notes import lost_input
+from .._core.protocol import CheckpointableIterator, State, StateMismatchError
 from .._core.stage import Stage
+from ._failures import MESSAGE_LIMIT, BadRecord
 
 T = TypeVar("T")
 U = TypeVar("U")
-
-MESSAGE_LIMIT = 200
-"""Ledger entries keep error messages and chunk names up to this many characters."""
-
 
 @dataclass(frozen=True)
 class SkipPolicy:
@@ -96,8 +97,9 @@ def resolve_on_error(owner: str, on_error: object) -> SkipPolicy | None:
 class SkipBudgetExceeded(RuntimeError):
     """More records failed than a stage's `SkipPolicy` allows.
 
-    Raised from the stage's ``next()``, with the last failure as ``__cause__``; `stage`,
-    `policy` and `last` (the latest ledger entries) tell the rest.
+    Raised from the stage's ``next()``, with the last failure as ``__cause__`` (where it
+    was raised in this process, not in a worker process); `stage`, `policy` and `last`
+    (the latest ledger entries) tell the rest.
     """
 
     def __init__(self, stage: str, policy: SkipPolicy, window: str, last: list[State]) -> None:
@@ -152,62 +154,6 @@ class ParsedRecords(Iterator[U]):
 
     def __next__(self) -> U:
         return self._parse(next(self._records))
-
-
-class BadRecord(NamedTuple):
-    """Stands in for a record whose reading raised (see `tolerant`)."""
-
-    error_type: str
-    message: str
-
-
-def failure(error: BaseException) -> BadRecord:
-    """`error` as a `BadRecord` (plain strings, which also cross process boundaries)."""
-    message = str(error)
-    if len(message) > MESSAGE_LIMIT:
-        message = message[: MESSAGE_LIMIT - 3] + "..."
-    return BadRecord(type(error).__qualname__, message)
-
-
-class _Tolerant(SkippableIterator[Any]):
-    """See `tolerant`."""
-
-    def __init__(self, items: Iterator[Any], longest_run: int) -> None:
-        self._items, self._longest_run, self._in_a_row = items, longest_run, 0
-
-    def __next__(self) -> Any:
-        if self._in_a_row >= self._longest_run:
-            raise StopIteration
-        try:
-            item = next(self._items)
-        except StopIteration:
-            self._in_a_row = self._longest_run  # ended: sticky
-            raise
-        except Exception as error:
-            self._in_a_row += 1
-            return failure(error)
-        self._in_a_row = 0
-        return item
-
-    def skip(self, count: int) -> int:
-        items = self._items
-        if isinstance(items, SkippableIterator):  # each failed record counts as one there
-            return items.skip(count)
-        skipped = 0
-        while skipped < count and next(self, _MISSING) is not _MISSING:
-            skipped += 1
-        return skipped
-
-
-_MISSING: Any = object()
-
-
-def tolerant(items: Iterator[Any], longest_run: int) -> Iterator[Any]:
-    """The items of `items`, with a `BadRecord` in place of each item whose ``next()``
-    raised, as long as the iterator goes on after an error (a generator does not). Stops
-    after `longest_run` failures in a row, so that an iterator failing forever ends. A
-    `SkippableIterator` stays one: skipping passes over its failed records as well."""
-    return _Tolerant(items, longest_run)
 
 
 _LEDGER_FIELDS: dict[str, type | tuple[type, ...]] = {
@@ -283,12 +229,11 @@ class Budget:
             "last": [dict(entry) for entry in self.last],
         }
 
-    def skip(
-        self, bad: BadRecord, position: int, kind: str, chunk: Any = None, record: int = 0
-    ) -> None:
-        """Count the failure of the item at `position` of the stage's input (`kind` and
-        `chunk` as in `SkipLedger`; `record`: its index in the chunk), or raise
+    def skip(self, bad: BadRecord, position: int, chunk: Any = None, record: int = 0) -> None:
+        """Count the failure `bad` of the item at `position` of the stage's input (`chunk`
+        as in `SkipLedger`; `record`: its index in the chunk), or raise
         `SkipBudgetExceeded` (counting nothing)."""
+        kind = bad.kind
         window = 0 if self.policy.per_items is None else position // self.policy.per_items
         in_window = (self.in_window if window == self.window else 0) + 1
         name = None if chunk is None else short_repr(chunk, MESSAGE_LIMIT)
@@ -343,12 +288,18 @@ class BudgetedStage(Stage[T]):
     """A stage that may skip bad records: its state holds ``"skips"`` (the `Budget`'s
     state) when it was built with a `SkipPolicy`, and nothing more otherwise.
 
+    Its bad-record filter is `_skip_bad`, which counts a `BadRecord` met at a position of
+    the stage's input, and `_without_bad_records`, which leaves them out of a stream of
+    one output per input item, numbering the input in `_seen`.
+
     `on_error` may change at a restart: a state without ``"skips"`` (taken with
     ``on_error="raise"``) starts a fresh ledger, and one with it given to a stage that
     raises has its ledger ignored.
     """
 
     _budget: Budget | None = None
+    _seen = 0
+    """Items of the stage's input so far, skipped ones included (`_without_bad_records`)."""
 
     def _init_budget(self, owner: str, on_error: object) -> None:
         """Set up the budget of `on_error` (see `Stage`: a base's setup sets fields only)."""
@@ -385,15 +336,43 @@ class BudgetedStage(Stage[T]):
             checked["skips"] = skips
         return checked
 
-    def _restore_budget(self, state: State | None) -> int:
-        """Put the budget into place from `state` (None: afresh); the items seen so far."""
+    def _restore_budget(self, state: State | None) -> None:
+        """Put the budget and `_seen` into place from `state` (None: afresh)."""
+        self._seen = 0
         if self._budget is None:
-            return 0
+            return
         try:
             self._budget.restore(None if state is None else state.get("skips"))
         except ValueError as error:
             raise self.mismatch(str(error)) from None
-        return self._budget.seen
+        self._seen = self._budget.seen
+
+    def _without_bad_records(self, outputs: Iterable[Any]) -> Iterator[Any]:
+        """`outputs`, one per item of the input (numbered by `_seen`), without their
+        `BadRecord`s, which `_skip_bad` counts."""
+        for output in outputs:
+            if type(output) is BadRecord:
+                self._skip_bad(output, self._seen)
+                self._seen += 1
+                continue
+            self._seen += 1
+            yield output
+
+    def _skip_bad(self, bad: BadRecord, position: int, chunk: Any = None, record: int = 0) -> None:
+        """Count `bad`, the failure of input item number `position` (`chunk` and `record`
+        as in `Budget.skip`), or raise `SkipBudgetExceeded` from its error. An ``"item"``
+        beyond the budget is consumed without a position after it: the stage's state then
+        steps back to it or refuses (see `lost_input`)."""
+        assert self._budget is not None
+        try:
+            self._budget.skip(bad, position, chunk, record)
+        except SkipBudgetExceeded as exceeded:
+            if bad.kind == "item":
+                self._lost_input = lost_input(
+                    f"{exceeded}; the item it failed on is consumed from the source and the "
+                    "source cannot step back to it"
+                )
+            raise exceeded from bad.error
 
 
 def skip_ledgers(

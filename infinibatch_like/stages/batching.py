@@ -8,6 +8,7 @@ from typing import Any, ClassVar, TypeVar
 
 from .._core.checks import require_callable, require_checkpointable, require_int
 from .._core.fingerprint import described
+from .._core.notes import lost_input
 from .._core.protocol import CheckpointableIterator, State
 from .._core.rng import CountingRandom, Seed
 from .._core.stage import Stage, fast_iterator, source_state
@@ -53,11 +54,10 @@ class FixedBatchIterator(Stage[list[T]]):
                 batch.extend(islice(pull, size))
             except Exception as error:
                 if batch:  # taken from the source, never yielded: no state can give them
-                    self._lost_input = (
+                    self._lost_input = lost_input(
                         f"FixedBatchIterator: {type(error).__name__} interrupted a batch after "
                         f"{len(batch)} items, which the source has given and a restore would "
-                        "skip: the position after the error is not defined. Restore a "
-                        "checkpoint taken before the error (setstate) to continue"
+                        "skip"
                     )
                 raise
             if not batch:

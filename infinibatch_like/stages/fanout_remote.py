@@ -29,7 +29,7 @@ from ..background import wire
 from ..background.errors import WorkerError, as_exception
 from ..background.fanout_hub import NAME
 from ..background.fanout_server import SEND_TIMEOUT_S
-from ..background.lifecycle import LAST_WORDS_S, POLL_S, check_interrupt, parent_alive
+from ..background.lifecycle import LAST_WORDS_S, POLL_S, parent_alive
 from .fanout import FanOutStage
 
 T = TypeVar("T")
@@ -49,7 +49,6 @@ class _Connection:
         _CONNECTIONS.add(self)
 
     def _owner_alive(self) -> bool:
-        check_interrupt()
         return self.owner_pid == 0 or parent_alive(self.owner_pid)
 
     def call(self, request: tuple[Any, ...]) -> Any:

@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
-import threading
-import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
-from itertools import chain, repeat
 from typing import Any, ClassVar
 
 from .._core.checks import require_callable, require_checkpointable, require_int
 from .._core.names import short_repr
 from .._core.notes import NOTE_PREFIX, add_note, has_library_note
-from .._core.probe import Gauges, StageProbe
-from .._core.protocol import CheckpointableIterator, SkippableIterator, State, StateMismatchError
+from .._core.probe import Gauges
+from .._core.protocol import CheckpointableIterator, State, StateMismatchError
 from .._core.stage import fast_iterator, skip_items, source_state
-from ..background.lifecycle import POLL_S, check_interrupt
-from .bad_records import BadRecord, Budget, BudgetedStage, OnError, failure, tolerant
+from ..background.readers import ChunkRead, ReadAhead
+from ._failures import BadRecord, failure, tolerant
+from .bad_records import BudgetedStage, OnError
 
 Selector = Callable[[Any], Iterable[Any]]
 CHUNK_REPR_LIMIT = 240
 """Errors show source items (chunk paths) up to this length, cut in the middle beyond."""
-_END: Any = object()
 Collections = Iterator[tuple[State, Any, Callable[[], Iterator[Any]]]]
 """(source state before the item, the item, how to get its collection) per source item."""
 
@@ -50,126 +46,13 @@ def _select_tolerant(
     return tolerant(_select(selector, selector_name, item), longest_run)
 
 
-def _raising(error: BaseException) -> Iterator[Any]:
-    """An iterator that raises `error` when it is first advanced."""
-    yield from ()
-    raise error
-
-
-class _Read:
-    """``_select(selector, name, item)`` drained into a list in a daemon thread; `result`
-    waits for it. The items read before an error are kept and yielded before it; an error
-    of the selector itself (opening the chunk) is raised by `result`. With `longest_run`,
-    the records are read `tolerant`ly. If `timed`, the thread's busy time is measured.
-
-    zlib, file and network reads release the GIL, so reading and decompressing the next
-    chunks overlaps with the consumer's work. The first `skip` items (those a restore
-    passes over) are skipped in the thread where the collection is a `SkippableIterator`."""
-
-    def __init__(
-        self,
-        selector: Selector | None,
-        selector_name: str,
-        item: Any,
-        longest_run: int | None = None,
-        timed: bool = False,
-        skip: int = 0,
-    ) -> None:
-        self._selector, self._selector_name, self._item = selector, selector_name, item
-        self._longest_run = longest_run
-        self._skip, self._skipped = skip, 0
-        self._items: list[Any] = []
-        self._error: BaseException | None = None
-        self._opened = False
-        self._timed = timed
-        self._started = self._finished = 0.0
-        self._thread = threading.Thread(
-            target=self._run, name="infinibatch_like.SelectManyIterator.reader", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self) -> None:
-        if self._timed:
-            self._started = time.perf_counter()
-        try:
-            inner = _select(self._selector, self._selector_name, self._item)
-            self._opened = True
-            run = self._longest_run
-            if run is not None:
-                inner = tolerant(inner, run)
-            if self._skip and isinstance(inner, SkippableIterator):  # not read: skipped
-                self._skipped = inner.skip(self._skip)
-            self._items.extend(inner)
-        except BaseException as error:
-            self._error = error
-        finally:
-            if self._timed:
-                self._finished = time.perf_counter()
-
-    def reading(self) -> bool:
-        """Whether its thread is still reading."""
-        return self._thread.is_alive()
-
-    def busy_s(self, now: float) -> float:
-        """Seconds its thread has read so far (until `now` while reading; 0 if not timed)."""
-        started, finished = self._started, self._finished
-        return 0.0 if not started else (finished or now) - started
-
-    def result(self) -> Iterator[Any]:
-        while self._thread.is_alive():
-            self._thread.join(POLL_S)
-            check_interrupt()
-        items: Iterator[Any] = iter(self._items)
-        if self._skipped:  # stand-ins for the items skipped in the thread, which the
-            items = chain(repeat(None, self._skipped), items)  # consumer skips again
-        if self._error is None:
-            return items
-        error, self._error = self._error, None
-        if not self._opened:
-            raise error
-        return chain(items, _raising(error))
-
-    def wait(self) -> None:
-        self._thread.join()
-
-
-class _ReadAhead:
-    """The collections that a SelectManyIterator reads ahead: `pending` (read or being
-    read, in order) and `current` (the one being yielded, perhaps still being read).
-    Statistics read its gauges; a read's busy time goes into `probe` once it is done."""
-
-    def __init__(self, capacity: int, probe: StageProbe | None) -> None:
-        self.pending: deque[tuple[State, Any, _Read]] = deque()
-        self.current: _Read | None = None
-        self._capacity, self._probe = capacity, probe
-
-    def advance(self, read: _Read | None) -> None:
-        """`read` (popped from `pending`) becomes the current one; the previous is done."""
-        done, self.current = self.current, read
-        if done is not None and self._probe is not None:
-            self._probe.worker_busy_s += done.busy_s(time.perf_counter())
-
-    def gauges(self) -> Gauges:
-        """Collections read and waiting over the read-ahead, those being read (the current
-        one included), the most reader threads at once (those ahead and the current one),
-        the readers' busy time on collections not yet done."""
-        now = time.perf_counter()
-        reads = [read for _, _, read in list(self.pending)]
-        ready = sum(not read.reading() for read in reads)
-        current = self.current
-        if current is not None:
-            reads.append(current)
-        in_flight = sum(read.reading() for read in reads)
-        busy = sum(read.busy_s(now) for read in reads)
-        return Gauges(ready / self._capacity, in_flight, self._capacity + 1, busy)
-
-
 class SelectManyIterator(BudgetedStage[Any]):
     """Yields the items of ``collection_selector(item)`` (or of ``item`` itself) for each
     item of the source, in order: a flat-map.
 
     With ``read_ahead=n`` the next `n` collections are read in background threads (one
-    thread each, named ``infinibatch_like.SelectManyIterator.reader``) while the consumer
+    thread each, named ``infinibatch_like.SelectManyIterator.reader``: see
+    `infinibatch_like.background.readers`) while the consumer
     works through the current one, e.g. reading and decompressing the next chunk files.
     Each such collection is materialized as a list, so up to ``n + 1`` are held in memory;
     the selector must be thread-safe. The output and the states are the same as without
@@ -244,7 +127,7 @@ class SelectManyIterator(BudgetedStage[Any]):
         self._selector = collection_selector
         self._selector_name = str(selector_name)
         self._on_empty = on_empty
-        self._window: _ReadAhead | None = None
+        self._window: ReadAhead | None = None
         self._restore(None)
 
     def _state(self) -> State:
@@ -263,13 +146,11 @@ class SelectManyIterator(BudgetedStage[Any]):
             self._anchor, self._consumed = state["source"], state["consumed"]
         if self._consumed < 0:
             raise self.mismatch(f"'consumed' must be >= 0, got {self._consumed}")
-        self._base = self._restore_budget(state) - self._consumed
+        self._restore_budget(state)
+        self._base = self._seen - self._consumed  # the position of the collection's start
         self._window = None
         collections = self._read_now() if self._read_ahead == 0 else self._read_early()
-        if self._budget is None:
-            self._iterator = self._generate(collections, self._consumed)
-        else:
-            self._iterator = self._generate_skipping(collections, self._consumed, self._budget)
+        self._iterator = self._generate(collections, self._consumed)
 
     def _state_before_last(self) -> State | None:
         state = self.getstate()
@@ -278,12 +159,16 @@ class SelectManyIterator(BudgetedStage[Any]):
         state["consumed"] -= 1
         return state
 
+    def _reader(self) -> Callable[[Any], Iterator[Any]]:
+        """How to open an item's collection: `_select`, read `tolerant`ly with a budget."""
+        if self._budget is None:
+            return partial(_select, self._selector, self._selector_name)
+        run = self._budget.policy.longest_run
+        return partial(_select_tolerant, self._selector, self._selector_name, run)
+
     def _read_now(self) -> Collections:
         """(source state before the item, the item, how to get its collection) per item."""
-        source, select = self._source, partial(_select, self._selector, self._selector_name)
-        if self._budget is not None:
-            run = self._budget.policy.longest_run
-            select = partial(_select_tolerant, self._selector, self._selector_name, run)
+        source, select = self._source, self._reader()
         pull = fast_iterator(source)
         while True:
             anchor = source_state(source)
@@ -300,11 +185,10 @@ class SelectManyIterator(BudgetedStage[Any]):
 
     def _read_early(self) -> Collections:
         """As `_read_now`, with the next `read_ahead` collections read in threads."""
-        source, selector = self._source, self._selector
-        run = None if self._budget is None else self._budget.policy.longest_run
+        source, select = self._source, self._reader()
         pull = fast_iterator(source)
         timed = self._probe is not None
-        self._window = window = _ReadAhead(self._read_ahead, self._probe)
+        self._window = window = ReadAhead(self._read_ahead, self._probe)
         pending = window.pending
         skip = self._consumed  # of the first collection: the restored one
         exhausted = False
@@ -321,7 +205,7 @@ class SelectManyIterator(BudgetedStage[Any]):
                     except Exception as error:
                         exhausted, failure = True, error
                         break
-                    read = _Read(selector, self._selector_name, item, run, timed, skip)
+                    read = ChunkRead(self._name, partial(select, item), skip, timed)
                     skip = 0
                     pending.append((anchor, item, read))
                 if not pending:
@@ -333,71 +217,45 @@ class SelectManyIterator(BudgetedStage[Any]):
                 window.advance(read)
                 yield anchor, item, read.result
         finally:
-            for _, _, read in pending:  # no reader thread outlives the stage's iteration
-                read.wait()
-            while pending:  # their time counts
-                window.advance(pending.popleft()[2])
-            window.advance(None)
+            window.close()
 
     def _generate(self, collections: Collections, skip: int) -> Iterator[Any]:
-        on_empty = self._on_empty
+        """The items of the collections, each restored one from its item `skip` on. With a
+        budget, a chunk that cannot be opened and the records whose reading raised (their
+        `BadRecord`s) are skipped; `_consumed` counts those records as positions."""
+        on_empty, skipping = self._on_empty, self._budget is not None
         for self._anchor, item, collection in collections:
+            self._base += self._consumed - skip  # past the previous collection, if any
             self._consumed = skip
             try:
-                inner = self._open(collection)
+                try:
+                    inner = self._open(collection)
+                except Exception as error:
+                    if not skipping or skip:  # it opened before the checkpoint: a real failure
+                        raise
+                    self._skip_bad(failure(error, "chunk"), self._base, item)
+                    self._base += 1
+                    continue
                 if skip:
                     skip_items(inner, skip, self._name, "the current collection")
-                for self._consumed, output in enumerate(inner, skip + 1):
-                    yield output
+                if skipping:
+                    for index, output in enumerate(inner, skip):
+                        if type(output) is BadRecord:  # the state points at it until counted
+                            self._skip_bad(output, self._base + index, item, index)
+                            self._consumed = index + 1
+                            continue
+                        self._consumed = index + 1
+                        yield output
+                else:
+                    for self._consumed, output in enumerate(inner, skip + 1):
+                        yield output
             except Exception as error:
                 self._note_reading_error(error, item)
                 raise
             if not self._consumed and on_empty is not None:
                 on_empty(item)
             skip = 0
-        self._source_ended(skip)
-
-    def _generate_skipping(
-        self, collections: Collections, skip: int, budget: Budget
-    ) -> Iterator[Any]:
-        """`_generate`, with the records and chunks whose reading raised skipped (their
-        `BadRecord`s counted in `budget`); `_consumed` counts them as positions."""
-        on_empty = self._on_empty
-        for self._anchor, item, collection in collections:
-            self._consumed = skip
-            try:
-                try:
-                    inner = self._open(collection)
-                except Exception as error:
-                    if skip:  # it opened before the checkpoint: a real failure
-                        raise
-                    budget.skip(failure(error), self._base, "chunk", item)
-                    self._base += 1
-                    continue
-                if skip:
-                    skip_items(inner, skip, self._name, "the current collection")
-                while (output := next(inner, _END)) is not _END:
-                    if type(output) is BadRecord:
-                        kind = "record"
-                        if self._consumed == 0:  # nothing read: is there anything after it?
-                            following = next(inner, _END)
-                            if following is _END:
-                                kind = "chunk"
-                            else:
-                                inner = chain((following,), inner)
-                        position = self._base + self._consumed
-                        budget.skip(output, position, kind, item, self._consumed)
-                        self._consumed += 1
-                        continue
-                    self._consumed += 1
-                    yield output
-            except Exception as error:
-                self._note_reading_error(error, item)
-                raise
-            if not self._consumed and on_empty is not None:
-                on_empty(item)
-            self._base += self._consumed
-            self._consumed = skip = 0
+        self._base += self._consumed - skip
         self._source_ended(skip)
 
     def _open(self, collection: Callable[[], Iterator[Any]]) -> Iterator[Any]:

@@ -19,33 +19,10 @@ from ..background.lifecycle import ProcessesRefused, get_context, warn_thread_fa
 from ..background.messages import Result, Task
 from ..background.pool import Pool, ProcessPool, ThreadPool
 from ..background.stage import BackgroundStage, Runner
-from .bad_records import (
-    BadRecord,
-    Budget,
-    BudgetedStage,
-    OnError,
-    SkipBudgetExceeded,
-    failure,
-)
+from ._failures import Guarded
+from .bad_records import BudgetedStage, OnError
 
 _MODES = ("process", "thread")
-
-
-class _Guarded:
-    """`transform`, returning a `BadRecord` for an item it raises an Exception on (run by
-    the workers of a ParallelMapIterator that skips bad records)."""
-
-    def __init__(self, transform: Callable[[Any], Any]) -> None:
-        self.transform = transform
-
-    def __call__(self, item: Any) -> Any:
-        try:
-            return self.transform(item)
-        except Exception as error:
-            return failure(error)
-
-    def __repr__(self) -> str:
-        return repr(self.transform)
 
 
 class _Dispatcher:
@@ -288,7 +265,7 @@ class ParallelMapIterator(BudgetedStage[Any], BackgroundStage[Any]):
         runner = _MapRunner(
             source_iterator,
             snapshot_every,
-            transform if self._budget is None else _Guarded(transform),
+            transform if self._budget is None else Guarded(transform),
             num_processes,
             num_items_per_process,
             tasks_in_flight,
@@ -304,23 +281,6 @@ class ParallelMapIterator(BudgetedStage[Any], BackgroundStage[Any]):
 
     def _restore(self, state: State | None) -> None:
         BackgroundStage._restore(self, state)
-        self._seen = self._restore_budget(state)
+        self._restore_budget(state)
         if self._budget is not None:
-            self._iterator = self._skipping(self._iterator, self._budget)
-
-    def _skipping(self, outputs: Iterator[Any], budget: Budget) -> Iterator[Any]:
-        """The workers' outputs, with the `BadRecord`s of failed items counted and left out."""
-        for output in outputs:
-            position = self._seen
-            self._seen = position + 1
-            if type(output) is not BadRecord:
-                yield output
-                continue
-            try:
-                budget.skip(output, position, "item")
-            except SkipBudgetExceeded as exceeded:
-                self._lost_input = (
-                    f"{exceeded}; the position after it is not recorded: restore a "
-                    "checkpoint taken before the error (setstate) to continue"
-                )
-                raise
+            self._iterator = self._without_bad_records(self._iterator)

@@ -329,6 +329,45 @@ def test_chunk_reader_budget_exceeded_points_at_the_failing_record() -> None:
         next(again)
 
 
+@pytest.mark.parametrize("read_ahead", [0, 2])
+@pytest.mark.parametrize(
+    ("policy", "before", "cause"),
+    [(SkipPolicy(0), [1, 2], json.JSONDecodeError),
+     (SkipPolicy(1), [1, 2, 4, 5, 6], FileNotFoundError)],
+)
+def test_chunk_reader_budget_exceeded_is_raised_from_the_reading_error(
+    read_ahead: int, policy: SkipPolicy, before: list[int], cause: type[Exception]
+) -> None:
+    pipeline = it.SelectManyIterator(it.NativeCheckpointableIterator(list(LINES)),
+                                     read_json_lines, read_ahead=read_ahead, on_error=policy)
+    out, error = drain(pipeline)
+    assert out == before
+    assert isinstance(error, SkipBudgetExceeded)
+    assert type(error.__cause__) is cause
+    assert str(error).endswith(f"{cause.__name__}: {error.__cause__}")
+
+
+@pytest.mark.parametrize("read_ahead", [0, 2])
+def test_chunk_reader_restored_after_a_source_error_repeats_no_record(read_ahead: int) -> None:
+    def build() -> it.SelectManyIterator:
+        names = it.MapIterator(it.NativeCheckpointableIterator(["a.jsonl", "b.jsonl", "oops"]),
+                               lambda name: LINES[name] and name)
+        return it.SelectManyIterator(names, read_json_lines, read_ahead=read_ahead,
+                                     on_error=SkipPolicy(3, 8))
+
+    pipeline = build()
+    taken = [next(pipeline) for _ in range(5)]
+    with pytest.raises(KeyError, match="oops"):
+        next(pipeline)
+    assert taken == [1, 2, 4, 5, 6]
+    again = build()
+    again.setstate(roundtrip(pipeline.getstate()))
+    with pytest.raises(KeyError, match="oops"):  # where it failed: nothing read twice
+        next(again)
+    assert again.getstate() == pipeline.getstate()
+    assert again.getstate()["skips"]["seen"] == 6
+
+
 def test_chunk_reader_that_fails_forever_ends_within_the_budget() -> None:
     class Broken:
         def __iter__(self) -> Broken:
@@ -410,8 +449,9 @@ def test_parallel_map_skips_what_map_skips_also_for_worker_errors(mode: str) -> 
         assert out == [x * 10 for x in range(9) if x != 3]
         assert error is not None
         assert "ParallelMapIterator: more than 1 bad records in items 0..9" in str(error)
-        with pytest.raises(RuntimeError, match="restore a checkpoint taken before the error"):
+        with pytest.raises(RuntimeError) as refused:
             strict.getstate()
+        assert str(refused.value) == lost_input_after(str(error))
 
 
 # -- equal batch counts across ranks --------------------------------------------------------
@@ -534,13 +574,20 @@ def test_damaged_ledgers_are_refused_naming_the_stage(
         skip_ledgers(state)
 
 
+def lost_input_after(exceeded: str) -> str:
+    """What getstate raises after a stage gave up on an item that its source cannot give back."""
+    return (f"{exceeded}; the item it failed on is consumed from the source and the source "
+            "cannot step back to it: the position after the error is not defined. Restore a "
+            "checkpoint taken before the error (setstate) to continue")
+
+
 def test_map_over_a_source_that_cannot_step_back_refuses_getstate_after_the_budget() -> None:
     source = it.ZipIterator(it.NativeCheckpointableIterator([1, 2, 3]))
     pipeline = it.MapIterator(source, lambda pair: Parse({2})(pair[0]), on_error=SkipPolicy(0))
     assert next(pipeline) == 10
-    with pytest.raises(SkipBudgetExceeded):
+    with pytest.raises(SkipBudgetExceeded) as raised:
         next(pipeline)
-    with pytest.raises(RuntimeError, match=r"MapIterator: more than 0 bad records in the run.*the "
-                       "item it failed on is consumed from the source and the source cannot "
-                       "step back to it"):
+    assert str(raised.value).startswith("MapIterator: more than 0 bad records in the run")
+    with pytest.raises(RuntimeError) as refused:
         pipeline.getstate()
+    assert str(refused.value) == lost_input_after(str(raised.value))
