@@ -14,6 +14,9 @@ from typing import Any
 
 import numpy
 import pytest
+from _items import failing
+from _profiles import examples
+from _streams import native
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from infinibatch.datasets import chunked_dataset_iterator as infinibatch_chunked
@@ -27,10 +30,6 @@ needs_notes = pytest.mark.skipif(sys.version_info < (3, 11), reason="notes print
 
 def notes(error: BaseException) -> list[str]:
     return list(getattr(error, "__notes__", []))
-
-
-def native(items: Any) -> it.NativeCheckpointableIterator[Any]:
-    return it.NativeCheckpointableIterator(list(items))
 
 
 # -- 12: reading errors name the chunk ------------------------------------------------------
@@ -278,7 +277,7 @@ def test_evaluation_over_empty_chunks_just_ends() -> None:
     assert list(pipeline) == []
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1.2), suppress_health_check=[HealthCheck.too_slow])
 @given(
     sizes=st.lists(st.sampled_from([0, 0, 0, 1, 2]), min_size=1, max_size=9),
     num_instances=st.integers(1, 4),
@@ -305,12 +304,6 @@ def test_no_items_is_raised_iff_the_rank_can_never_get_one(
 
 
 # -- 14: notes naming the stage whose user callable raised --------------------------------
-
-
-def failing(x: int) -> int:
-    if x == 3:
-        raise KeyError("bad record")
-    return x
 
 
 class Scaler:
@@ -479,7 +472,7 @@ def test_state_after_a_failed_transform_re_attempts_the_item(build: Any) -> None
     assert got == uninterrupted
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(1.5))
 @given(
     length=st.integers(1, 40),
     size=st.integers(1, 7),

@@ -3,7 +3,6 @@ pipelines, mutated dicts, changed pipelines and damaged counts (issue 9, items 1
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import threading
@@ -11,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from _streams import ChunkReader, take
 
 import infinibatch_like.iterators as it
 from infinibatch_like._core import rng as _rng
@@ -21,17 +21,12 @@ from infinibatch_like.testing import assert_checkpointable
 CHUNKS = [[f"c{c}-{i}" for i in range(c % 4 + 2)] for c in range(12)]
 
 
-def read_chunk(index: int) -> list[str]:
-    return CHUNKS[index]
+read_chunk = ChunkReader(CHUNKS)
 
 
 def dataset(seed: int = 2, chunks: list[int] | None = None) -> it.CheckpointableIterator[Any]:
     refs = list(range(len(CHUNKS))) if chunks is None else chunks
     return chunked_dataset_iterator(refs, read_chunk, buffer_size=5, seed=seed)
-
-
-def take(iterator: it.CheckpointableIterator[Any], n: int) -> list[Any]:
-    return list(itertools.islice(iterator, n))
 
 
 def within(seconds: float, action: Callable[[], Any]) -> Any:

@@ -14,6 +14,7 @@ from itertools import islice
 from typing import Any
 
 import pytest
+from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -126,7 +127,7 @@ def test_sharded_iterator_with_workers_is_checkpointable() -> None:
 # -- exactly once across a change of the number of ranks ----------------------------------
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(0.6))
 @given(
     sizes=st.lists(st.integers(0, 6), min_size=1, max_size=14),
     shards=st.integers(1, 8),

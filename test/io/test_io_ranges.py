@@ -12,12 +12,14 @@ import random
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import BinaryIO, cast
 
 import pytest
+from _profiles import examples
 from _s3 import FaultyProxy
 from _throttle import ThrottlingProxy
+from _waiting import wait_until
 from conftest import S3Bucket
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -28,8 +30,6 @@ from infinibatch_like.io import (
     RetryPolicy,
     open_chunk,
     read_lines,
-    reset_retry_counts,
-    reset_storage_counts,
     retry_counts,
     storage_counts,
 )
@@ -39,16 +39,7 @@ from infinibatch_like.io._ranges import THREAD_NAME, RangeReader
 FAST = RetryPolicy(tries=4, first_delay=0.01, max_delay=0.05)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in os.environ:
-        if name.startswith("INFINIBATCH_LIKE_"):
-            monkeypatch.delenv(name)
-    reset_retry_counts()
-    reset_storage_counts()
-    yield
-    reset_retry_counts()
-    reset_storage_counts()
+pytestmark = pytest.mark.usefixtures("fresh_storage_counts")
 
 
 def range_threads() -> list[threading.Thread]:
@@ -90,7 +81,7 @@ def reader(store: FakeStore, range_size: int, in_flight: int, **kwargs: object) 
     )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(0.6))
 @given(
     size=st.integers(0, 5000),
     range_size=st.integers(1, 700),
@@ -302,16 +293,6 @@ def test_concurrent_ranges_multiply_a_per_request_rate_cap(s3: S3Bucket) -> None
     # 8 requests in flight under the same per-request cap: about 5x here (2.5x: a wide
     # margin for a loaded machine; bench/bench_ranges.py measures it)
     assert timings[0] / timings[8] > 2.5, timings
-
-
-def wait_until(condition: Callable[[], bool], seconds: float) -> bool:
-    """Whether `condition` holds within `seconds` (polled)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 @pytest.mark.parametrize("end", ["close", "drop"])

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _profiles import examples
+from _streams import native
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -56,10 +58,6 @@ class Calls:
     def __call__(self, items: list[int]) -> list[int]:
         self.sizes.append(len(items))
         return square_each(items)
-
-
-def native(n: int) -> it.NativeCheckpointableIterator[int]:
-    return it.NativeCheckpointableIterator(list(range(n)))
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 7, 50])
@@ -130,7 +128,7 @@ def test_is_checkpointable() -> None:
     check_resume(lambda: it.BatchMapIterator(native(23), square_each, 5), max_items=30)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(0.4))
 @given(
     n=st.integers(0, 40),
     batch_size=st.integers(1, 12),

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from _leaks import open_fds
+from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -281,7 +282,7 @@ def test_a_remote_consumer_passes_the_contract(tmp_path: Path) -> None:
 # -- hypothesis: the split assignment and the lag bound under any interleaving ---------------
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(0.4))
 @given(
     consumers=st.integers(1, 4),
     split=st.booleans(),

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _leaks import open_fds, open_pipes
+from _items import lock_at_5
+from _leaks import children, open_fds, open_pipes
+from _streams import drain, native
 
 import infinibatch_like.iterators as it
 from infinibatch_like import WorkerError
@@ -71,19 +73,6 @@ class FailingSource(it.NativeCheckpointableIterator):
             if item == 31:
                 raise OSError("disk on fire")
             yield item
-
-
-def native(n: int) -> it.NativeCheckpointableIterator:
-    return it.NativeCheckpointableIterator(list(range(n)))
-
-
-def drain(pipeline: Any, sink: list[Any]) -> None:
-    for item in pipeline:
-        sink.append(item)
-
-
-def children() -> list[Any]:
-    return multiprocessing.active_children()
 
 
 @pytest.mark.parametrize(("processes", "per_process"), [(1, 1), (2, 3), (3, 7), (2, 100)])
@@ -321,11 +310,6 @@ def test_spawned_workers_leak_no_semaphores_or_warnings(tmp_path: Path) -> None:
     assert done.stdout.strip() == "ok"
     assert "leaked" not in done.stderr, done.stderr
     assert "Warning" not in done.stderr, done.stderr
-
-
-def lock_at_5(x: int) -> Any:
-    """Item 5's output cannot be pickled."""
-    return threading.Lock() if x == 5 else x
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 import pytest
+from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -122,7 +123,6 @@ def test_the_checks_reject_a_network_with_too_few_rounds(monkeypatch: pytest.Mon
     assert p_values["the first two indices of 8"] < ALPHA
 
 
-@settings(max_examples=100, deadline=None)
 @given(
     size=st.one_of(st.sampled_from(SPECIAL_SIZES), st.integers(1, 1500)),
     seed=st.one_of(st.integers(-(2**70), 2**70), st.text(max_size=5)),
@@ -149,7 +149,6 @@ def test_epochs_and_seeds_give_different_orders() -> None:
     )
 
 
-@settings(max_examples=100, deadline=None)
 @given(size=st.integers(1, 120), world=st.integers(1, 9), epochs=st.integers(1, 3),
        seed=st.integers(0, 2**32))  # fmt: skip
 def test_ranks_share_every_epoch_disjointly_and_evenly(
@@ -179,7 +178,7 @@ def stream_after(state: dict[str, object], n: int, **kwargs: object) -> list[int
     return list(itertools.islice(source, n))
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(0.5))
 @given(size=st.integers(1, 25), world=st.integers(1, 5), epochs=st.none() | st.integers(1, 3),
        data=st.data())  # fmt: skip
 def test_every_state_resumes_the_same_tail(

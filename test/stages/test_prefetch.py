@@ -18,7 +18,10 @@ import traceback
 from typing import Any
 
 import pytest
-from _leaks import open_fds, open_pipes
+from _items import lock_at_5
+from _leaks import children, open_fds, open_pipes
+from _profiles import examples
+from _streams import drain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -82,17 +85,8 @@ def expected_lines() -> list[str]:
     return [line for chunk in LINES for line in chunk]
 
 
-def drain(pipeline: Any, sink: list[Any]) -> None:
-    for item in pipeline:
-        sink.append(item)
-
-
 def shm_entries() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-
-
-def children() -> list[Any]:
-    return multiprocessing.active_children()
 
 
 @pytest.mark.parametrize(
@@ -131,7 +125,7 @@ def test_thread_mode_and_replay_bound() -> None:
     assert [t for t in threading.enumerate() if t.name.startswith("infinibatch_like")] == []
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(0.4))
 @given(
     length=st.integers(0, 400),
     buffer_size=st.integers(1, 600),
@@ -468,10 +462,6 @@ def test_a_worker_process_keeps_about_buffer_size_big_items_ready() -> None:
         # taken, the one blocked in put and the message being written.
         assert 64 <= PRODUCED.value <= 64 + 8
         assert [int.from_bytes(b[:4], "little") for b in pipeline] == list(range(1, 1000))
-
-
-def lock_at_5(x: int) -> Any:
-    return threading.Lock() if x == 5 else x
 
 
 @pytest.mark.parametrize("method", METHODS)

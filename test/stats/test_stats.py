@@ -12,7 +12,10 @@ from typing import Any
 
 import pytest
 from _counting import Counter
+from _items import add_one
+from _profiles import examples
 from _recipes import build_source, build_stage, recipes
+from _waiting import wait_until
 from conftest import S3Bucket
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,10 +29,6 @@ from infinibatch_like.io import read_lines
 from infinibatch_like.testing import assert_checkpointable
 
 SLOW_S = 0.002
-
-
-def add_one(x: int) -> int:
-    return x + 1
 
 
 def slow(x: int) -> int:
@@ -219,7 +218,7 @@ def test_contract_holds_with_statistics_on(index: int) -> None:
 # -- counters add up -----------------------------------------------------------------------
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(0.4), suppress_health_check=[HealthCheck.too_slow])
 @given(
     recipe=recipes(),
     sample_every=st.integers(1, 9),
@@ -413,16 +412,13 @@ def test_rare_long_steps_are_timed_in_full(read_ahead: int) -> None:
 # -- gauges: buffers and workers, read at collect time -------------------------------------
 
 
-def wait_for(condition: Any, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
-
-
 def entry_of(pipeline: it.CheckpointableIterator[Any], stage: str) -> Any:
     (entry,) = [e for e in stats.collect(pipeline) if e["stage"] == stage]
     return entry
+
+
+def in_flight(pipeline: it.CheckpointableIterator[Any], stage: str) -> int:
+    return int(entry_of(pipeline, stage)["in_flight"])
 
 
 def chunk_of(chunk: int) -> list[int]:
@@ -435,7 +431,7 @@ def test_read_ahead_full_when_the_consumer_stops_pulling() -> None:
     pipeline = it.SelectManyIterator(chunks, chunk_of, read_ahead=3)
     stats.enable(pipeline)
     assert next(pipeline) == 0
-    wait_for(lambda: entry_of(pipeline, "SelectManyIterator")["in_flight"] == 0, "the reads")
+    assert wait_until(lambda: in_flight(pipeline, "SelectManyIterator") == 0), "the reads"
     entry = entry_of(pipeline, "SelectManyIterator")
     assert entry["queue_fill"] == 1.0  # chunks 1, 2, 3 read and waiting
     assert entry["workers"] == 4  # three ahead, and chunk 0's reader
@@ -486,8 +482,8 @@ def test_a_slow_reader_shows_chunks_in_flight(prefetch: bool) -> None:
         try:
             stats.enable(pipeline)
             assert next(pipeline) == 0
-            reading = lambda: entry_of(pipeline, "SelectManyIterator")["in_flight"]  # noqa: E731
-            wait_for(lambda: reading() == expected, f"{expected} chunks being read")
+            reading = lambda: in_flight(pipeline, "SelectManyIterator")  # noqa: E731
+            assert wait_until(lambda: reading() == expected), f"{expected} chunks being read"
             time.sleep(0.05)
             entry = entry_of(pipeline, "SelectManyIterator")
             assert (entry["queue_fill"], entry["in_flight"]) == (0.0, expected)
@@ -527,7 +523,7 @@ def test_read_ahead_gauges_come_back_from_a_worker_process(
             next(pipeline)  # the worker goes on in chunk 0 and reports now and then
             taken += 1
             assert taken < 40, "no report of a full read-ahead while in chunk 0"
-        assert entry_of(pipeline, "SelectManyIterator")["in_flight"] == 0
+        assert in_flight(pipeline, "SelectManyIterator") == 0
         assert sum(1 for _ in pipeline) == 160 - taken
         entry = entry_of(pipeline, "SelectManyIterator")
     assert (entry["queue_fill"], entry["in_flight"]) == (0.0, 0)  # as sent with the end
@@ -552,14 +548,14 @@ def test_prefetch_items_in_flight(mode: str, start_method: str | None, in_main: 
         stats.enable(pipeline)
         assert [next(pipeline) for _ in range(3)] == [0, 1, 2]
         # the worker produces the rest, which waits for the consumer
-        wait_for(lambda: entry_of(pipeline, "PrefetchIterator")["in_flight"] == 27, "27 items")
+        assert wait_until(lambda: in_flight(pipeline, "PrefetchIterator") == 27), "27 items"
         assert entry_of(pipeline, "PrefetchIterator")["queue_fill"] == pytest.approx(0.27)
         assert [next(pipeline) for _ in range(5)] == [3, 4, 5, 6, 7]
-        assert entry_of(pipeline, "PrefetchIterator")["in_flight"] == 22
+        assert in_flight(pipeline, "PrefetchIterator") == 22
         state = pipeline.getstate()
         pipeline.setstate(state)  # a restarted worker counts from its restart
         assert next(pipeline) == 8
-        wait_for(lambda: entry_of(pipeline, "PrefetchIterator")["in_flight"] == 21, "21 items")
+        assert wait_until(lambda: in_flight(pipeline, "PrefetchIterator") == 21), "21 items"
         assert list(pipeline) == list(range(9, 30))
         entry = entry_of(pipeline, "PrefetchIterator")
     assert (entry["queue_fill"], entry["in_flight"]) == (0.0, 0)
@@ -570,10 +566,10 @@ def test_a_full_thread_prefetch_counts_the_batch_being_taken() -> None:
     with pipeline:
         stats.enable(pipeline)
         next(pipeline)  # batches of 1, then of 2: four of them fill the 4 slots
-        wait_for(lambda: entry_of(pipeline, "PrefetchIterator")["in_flight"] == 8, "8 items")
+        assert wait_until(lambda: in_flight(pipeline, "PrefetchIterator") == 8), "8 items"
         assert entry_of(pipeline, "PrefetchIterator")["queue_fill"] == 1.0
         next(pipeline)  # half of a batch taken: its other item, and a new batch in the queue
-        wait_for(lambda: entry_of(pipeline, "PrefetchIterator")["in_flight"] == 9, "9 items")
+        assert wait_until(lambda: in_flight(pipeline, "PrefetchIterator") == 9), "9 items"
         assert entry_of(pipeline, "PrefetchIterator")["queue_fill"] == 1.0
 
 
