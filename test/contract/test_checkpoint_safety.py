@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from _streams import ChunkReader, take
+from _waiting import HANG, within
 
 import infinibatch_like.iterators as it
 from infinibatch_like._core import rng as _rng
@@ -27,26 +27,6 @@ read_chunk = ChunkReader(CHUNKS)
 def dataset(seed: int = 2, chunks: list[int] | None = None) -> it.CheckpointableIterator[Any]:
     refs = list(range(len(CHUNKS))) if chunks is None else chunks
     return chunked_dataset_iterator(refs, read_chunk, buffer_size=5, seed=seed)
-
-
-def within(seconds: float, action: Callable[[], Any]) -> Any:
-    """Run `action` in a thread; fail (instead of hanging) if it takes longer."""
-    outcome: list[Any] = []
-
-    def run() -> None:
-        try:
-            outcome.append(("value", action()))
-        except BaseException as error:
-            outcome.append(("error", error))
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert outcome, f"did not finish within {seconds} s"
-    kind, value = outcome[0]
-    if kind == "error":
-        raise value
-    return value
 
 
 # -- 1. keys added by the caller ----------------------------------------------------------
@@ -367,10 +347,10 @@ def test_a_huge_or_negative_count_is_refused_or_restored_quickly(
             take(fresh, 3)
 
         if field == "position" and value > 0:  # a far position of an endless stream is real
-            within(2.0, restore_and_read)
+            within(HANG, restore_and_read)
         else:
             with pytest.raises(StateMismatchError, match=type(fresh).__name__):
-                within(2.0, restore_and_read)
+                within(HANG, restore_and_read)
 
 
 def test_a_long_run_stores_its_generator_and_restores_at_once(
@@ -395,7 +375,7 @@ def test_a_count_beyond_the_limit_without_a_generator_is_refused_at_once() -> No
         {**state, "count": 3, "generator": "A" * 3336},
     ):
         with pytest.raises(StateMismatchError, match="RandomIterator"):
-            within(1.0, lambda damaged=damaged: it.RandomIterator(4).setstate(damaged))
+            within(HANG, lambda damaged=damaged: it.RandomIterator(4).setstate(damaged))
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from _leaks import open_fds
 from _profiles import examples
+from _waiting import HANG, wait_until, within
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -93,11 +94,13 @@ def test_a_fast_consumer_waits_at_max_lag_ahead_of_the_slowest() -> None:
     taken: list[int] = []
     reader = threading.Thread(target=lambda: taken.extend(fast), daemon=True)
     reader.start()
-    time.sleep(0.3)
+    assert wait_until(lambda: len(taken) >= 5)
+    time.sleep(0.1)  # room to run further ahead, if it did not wait
     assert len(taken) == 5  # waits there
     assert len(fan._hub.buffer) <= 6
     assert next(slow) == 0
-    time.sleep(0.3)
+    assert wait_until(lambda: len(taken) >= 6)
+    time.sleep(0.1)
     assert len(taken) == 6  # one more, no further
     slow.close()  # a closed consumer holds no one back
     reader.join(10)
@@ -109,10 +112,9 @@ def test_waiting_for_a_consumer_read_by_the_same_thread_raises_at_once() -> None
     first, second = fan.consumer(0), fan.consumer(1)
     next(second)
     next(first), next(first), next(first)
-    started = time.monotonic()
+    # at once: not after the consumers' timeout (300 s), which would be a deadlock here
     with pytest.raises(RuntimeError, match="ahead of consumer 1, which was last read by this same"):
-        next(first)
-    assert time.monotonic() - started < 1
+        within(HANG, lambda: next(first))
 
 
 def test_a_consumer_that_never_moves_raises_after_timeout_naming_it() -> None:

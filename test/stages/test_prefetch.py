@@ -22,6 +22,7 @@ from _items import lock_at_5
 from _leaks import children, open_fds, open_pipes
 from _profiles import examples
 from _streams import drain
+from _waiting import wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -454,7 +455,8 @@ def test_a_worker_process_keeps_about_buffer_size_big_items_ready() -> None:
     source = it.MapIterator(it.NativeCheckpointableIterator(list(range(1000))), counted_blob)
     with PrefetchIterator(source, 64, start_method="fork") as pipeline:
         next(pipeline)
-        before, deadline = -1, time.monotonic() + 10
+        assert wait_until(lambda: PRODUCED.value >= 64)
+        before, deadline = -1, time.monotonic() + 10  # then until it stops producing
         while PRODUCED.value != before and time.monotonic() < deadline:
             before = PRODUCED.value
             time.sleep(0.3)

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import infinibatch_like.iterators as it
 from infinibatch_like import stats
-from infinibatch_like._core.probe import walk
+from infinibatch_like._core.probe import REPORT_S, walk
 from infinibatch_like._core.stage import Stage
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.io import read_lines
@@ -94,7 +94,7 @@ def test_report_names_the_slow_stage(background: str | None, method: Any) -> Non
     busiest = stats.limiting(entries)
     assert busiest is not None
     assert busiest["path"] == slow_path, text
-    assert busiest["share"] > 0.8, text
+    assert busiest["share"] > 0.5, text  # more than all other stages together
     assert 0.9 * 120 * SLOW_S <= busiest["self_s"] <= busiest["wall_s"]  # slept, timed exactly
     assert f"data-bound; limiting stage: {slow_path}" in text
     # every item was counted, also those counted in a worker process and sent back
@@ -122,10 +122,10 @@ def test_parallel_map_workers_busy_time_names_the_parallel_map() -> None:
 
 
 def test_training_loop_bound_pipeline_is_called_so() -> None:
-    pipeline = it.MapIterator(it.NativeCheckpointableIterator(list(range(40))), add_one)
+    pipeline = it.MapIterator(it.NativeCheckpointableIterator(list(range(20))), add_one)
     stats.enable(pipeline)
     for _ in pipeline:
-        time.sleep(SLOW_S)  # the "training step"
+        time.sleep(10 * SLOW_S)  # the "training step": 20 ms, against microseconds of data
     entries = stats.collect(pipeline)
     assert stats.consumer_wait_share(entries) < 0.05
     assert "the training loop is the limit, not the data" in stats.report(pipeline)
@@ -399,8 +399,10 @@ def test_rare_long_steps_are_timed_in_full(read_ahead: int) -> None:
     entries = stats.collect(pipeline)
     reading = entries[2]
     assert reading["stage"] == "SelectManyIterator"
-    if read_ahead == 0:  # the reads happen in this thread: all of their time is counted
-        assert reading["self_s"] == pytest.approx(sum(READ_TIMES), rel=0.2)
+    if read_ahead == 0:  # the reads happen in this thread: all of their time is counted,
+        # once: a read missed by the sampling would leave less, a sampled read scaled up as
+        # if every pull were that slow many times more (the rest is 12,000 cheap items)
+        assert sum(READ_TIMES) <= reading["self_s"] < 2 * sum(READ_TIMES)
         busiest = stats.limiting(entries)
         assert busiest is not None
         assert busiest["stage"] == "SelectManyIterator"
@@ -445,7 +447,8 @@ def test_read_ahead_full_when_the_consumer_stops_pulling() -> None:
 
 class GatedReader:
     """Reads chunk 0 at once and the others once `gate` is open (a threading.Event, or a
-    file's path when the reader runs in a worker process)."""
+    file's path when the reader runs in a worker process: then it creates the file
+    ``{gate}-{chunk}`` once through the gate)."""
 
     def __init__(self, gate: Any, item: Any = None) -> None:
         self.gate, self.item = gate, item
@@ -455,6 +458,8 @@ class GatedReader:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and not self._open():
                 time.sleep(0.005)
+            if not hasattr(self.gate, "is_set"):
+                Path(f"{self.gate}-{chunk}").touch()
         if self.item is not None:
             return [self.item] * 40
         return list(range(10 * chunk, 10 * chunk + 10))
@@ -515,9 +520,11 @@ def test_read_ahead_gauges_come_back_from_a_worker_process(
         entry = entry_of(pipeline, "SelectManyIterator")
         assert entry["runs_in"] == "worker process of PrefetchIterator"
         assert (entry["queue_fill"], entry["in_flight"], entry["workers"]) == (0.0, 2, 3)
-        time.sleep(0.3)
+        time.sleep(0.3)  # chunks 1 and 2 wait for the gate: at least 0.3 s of reading each
         gate.touch()
-        time.sleep(0.3)  # chunks 1 and 2 are read while the worker waits for room
+        # chunks 1 and 2 are read while the worker waits for room; its next report is due
+        assert wait_until(lambda: all(Path(f"{gate}-{chunk}").exists() for chunk in (1, 2)))
+        time.sleep(REPORT_S)
         taken = 1
         while entry_of(pipeline, "SelectManyIterator")["queue_fill"] != 1.0:
             next(pipeline)  # the worker goes on in chunk 0 and reports now and then
