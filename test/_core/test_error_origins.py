@@ -32,7 +32,7 @@ def notes(error: BaseException) -> list[str]:
     return list(getattr(error, "__notes__", []))
 
 
-# -- 12: reading errors name the chunk ------------------------------------------------------
+# -- reading errors name the chunk ---------------------------------------------------------
 
 
 def write_gzip_chunks(folder: Path, count: int, lines: int) -> list[str]:
@@ -159,7 +159,7 @@ def test_error_of_read_chunk_fn_itself_names_the_chunk(read_ahead: int) -> None:
     ]
 
 
-# -- 14: str collections, chunked_dataset_iterator's arguments --------------------------------
+# -- str collections, chunked_dataset_iterator's arguments ---------------------------------
 
 
 @pytest.mark.parametrize("returned", ["line one\nline two", b"bytes"])
@@ -224,7 +224,7 @@ def test_unused_buffer_size_and_an_empty_evaluation_list_stay_accepted() -> None
         chunked_dataset_iterator(["a"], list, 4, read_ahead_chunks=None)  # type: ignore[arg-type]
 
 
-# -- 13: a corpus with no items ---------------------------------------------------------------
+# -- a corpus with no items ----------------------------------------------------------------
 
 
 class Chunks:
@@ -303,7 +303,7 @@ def test_no_items_is_raised_iff_the_rank_can_never_get_one(
     assert [next(pipeline) for _ in range(12)] == [next(oracle) for _ in range(12)]
 
 
-# -- 14: notes naming the stage whose user callable raised --------------------------------
+# -- notes naming the stage whose user callable raised -------------------------------------
 
 
 class Scaler:
@@ -395,7 +395,7 @@ def test_callable_note_works_on_any_pipeline_and_error() -> None:
     assert callable_note(object(), raised.value) is None
 
 
-# -- 10: no item is lost after an error in a transform --------------------------------------
+# -- no item is lost after an error in a transform -----------------------------------------
 
 
 def fails_at_37(x: int) -> int:

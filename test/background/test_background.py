@@ -458,7 +458,7 @@ def test_thread_mode_maps_in_worker_threads_in_order() -> None:
     assert not [t for t in threading.enumerate() if t.name.startswith("infinibatch_like")]
 
 
-def test_mode_is_checked() -> None:
+def test_an_unknown_mode_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match=r"ParallelMapIterator: mode .* got 'fiber'"):
         it.ParallelMapIterator(native(3), same, 1, 1, mode="fiber")
 

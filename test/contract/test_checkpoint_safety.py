@@ -1,5 +1,6 @@
-"""Checkpoints as real training code uses them: caller keys, inner restores, closed
-pipelines, mutated dicts, changed pipelines and damaged counts (issue 9, items 1 to 6)."""
+"""Checkpoints as real training code uses them: keys the caller adds to a state, restoring
+an inner stage, getstate after close, states that are snapshots (not views of live fields),
+a changed pipeline refused, and huge or damaged counts refused or restored at once."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def dataset(seed: int = 2, chunks: list[int] | None = None) -> it.Checkpointable
     return chunked_dataset_iterator(refs, read_chunk, buffer_size=5, seed=seed)
 
 
-# -- 1. keys added by the caller ----------------------------------------------------------
+# -- keys added by the caller --------------------------------------------------------------
 
 
 class EpochLoader:
@@ -114,7 +115,7 @@ def test_a_wrong_tag_a_missing_key_or_a_wrong_type_is_still_refused() -> None:
             dataset().setstate(checkpoint)
 
 
-# -- 2. restoring an inner stage -----------------------------------------------------------
+# -- restoring an inner stage --------------------------------------------------------------
 
 
 def test_restoring_an_inner_stage_directly_stops_the_outer_ones_clearly() -> None:
@@ -149,7 +150,7 @@ def test_restores_through_the_outermost_stage_and_before_wrapping_are_fine() -> 
     assert take(outer, 2) == ["0", "1"]
 
 
-# -- 3. getstate after close -----------------------------------------------------------------
+# -- getstate after close ------------------------------------------------------------------
 
 
 def test_getstate_after_a_with_block_tells_the_true_position() -> None:
@@ -171,7 +172,7 @@ def test_getstate_after_closing_a_chain_restores_the_continuation() -> None:
     assert take(fresh, 27) == reference[13:]
 
 
-# -- 4. states are snapshots ---------------------------------------------------------------
+# -- states are snapshots ------------------------------------------------------------------
 
 
 def clear_in_place(value: Any) -> None:
@@ -211,7 +212,7 @@ def test_changing_a_state_dict_in_or_out_never_changes_the_pipeline(
     assert take(fresh, 30) == take(pipeline, 30)
 
 
-# -- 5. a changed pipeline ---------------------------------------------------------------
+# -- a changed pipeline --------------------------------------------------------------------
 
 
 def test_a_state_of_a_reordered_chunk_list_is_refused_naming_the_argument() -> None:
@@ -306,7 +307,7 @@ def test_weights_set_during_the_run_continue_when_the_constructor_is_unchanged()
     assert take(resumed, 40) == take(pipeline, 40) == [0] * 40
 
 
-# -- 6. huge or damaged counts -------------------------------------------------------------
+# -- huge or damaged counts ----------------------------------------------------------------
 
 
 def seeded_pipelines() -> list[Callable[[], it.CheckpointableIterator[Any]]]:

@@ -234,7 +234,7 @@ def test_state_mismatch_error_survives_pickling() -> None:
     assert str(copy) == str(error)
 
 
-def test_advance_iterator() -> None:
+def test_advancing_past_the_end_names_how_far_it_got() -> None:
     iterator = iter(range(5))
     assert it._advance_iterator(iterator, 3) == 3
     assert next(iterator) == 3

@@ -123,7 +123,7 @@ def test_argument_and_state_errors() -> None:
         it.BatchMapIterator(native(9), square_each, 4).setstate(state)
 
 
-def test_is_checkpointable() -> None:
+def test_batch_map_passes_the_checkpoint_checks_and_resumes_exactly() -> None:
     assert_checkpointable(lambda: it.BatchMapIterator(native(23), square_each, 5), max_items=30)
     check_resume(lambda: it.BatchMapIterator(native(23), square_each, 5), max_items=30)
 

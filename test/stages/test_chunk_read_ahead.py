@@ -143,7 +143,7 @@ def test_close_waits_for_reads_in_flight() -> None:
         next(pipeline)
 
 
-def test_bad_read_ahead() -> None:
+def test_a_negative_read_ahead_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match="SelectManyIterator: read_ahead must be >= 0, got -1"):
         flat([1], None, -1)
 

@@ -1,4 +1,4 @@
-"""`chunked_dataset_iterator(..., epochs=n)`: n shuffled passes, then the end (issue 10).
+"""`chunked_dataset_iterator(..., epochs=n)`: n shuffled passes, then the end.
 
 What is identical to the endless stream (same arguments, epochs=None): the chunk sequence
 of every rank (its first chunks) and every item but the last at most `buffer_size` (the

@@ -102,7 +102,7 @@ def test_same_output_as_map_iterator_with_exact_restores(processes: int, per_pro
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_every_start_method(method: str) -> None:
+def test_every_start_method_gives_the_items_and_resumes_exactly(method: str) -> None:
     source = it.NativeCheckpointableIterator(["a b", "c", "d e f"] * 10)
     with it.ParallelMapIterator(source, tokens, 2, 4, start_method=method) as pipeline:
         first = [next(pipeline) for _ in range(7)]
@@ -151,7 +151,7 @@ def test_tasks_in_flight_bounds_what_is_read_ahead(
         assert list(stage) == [x * x for x in range(1, 100)]
 
 
-def test_argument_errors() -> None:
+def test_bad_arguments_are_refused_naming_the_argument() -> None:
     with pytest.raises(ValueError, match="tasks_in_flight must be >= 1, got 0"):
         it.ParallelMapIterator(native(3), square, 1, 1, tasks_in_flight=0)
     with pytest.raises(ValueError, match="num_processes"):

@@ -161,7 +161,7 @@ def test_work_happens_in_another_process_or_thread() -> None:
     assert os.getpid() not in pids
 
 
-def test_argument_errors() -> None:
+def test_bad_arguments_are_refused_naming_the_argument() -> None:
     source = it.NativeCheckpointableIterator([1, 2])
     for bad in (0, -3):
         with pytest.raises(ValueError, match="buffer_size"):
@@ -304,7 +304,7 @@ def test_tensors_and_arrays_pass_between_processes() -> None:
     assert not children()
 
 
-def test_pickled_prefetcher_continues() -> None:
+def test_a_pickled_prefetcher_continues_the_stream() -> None:
     pipeline = chunk_pipeline()
     head = [next(pipeline) for _ in range(7)]
     copied = pickle.loads(pickle.dumps(pipeline))

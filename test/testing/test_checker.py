@@ -1,4 +1,5 @@
-"""The public checker catches each checkpoint flaw of issue 9 in a user's own iterator."""
+"""The public checker catches each way a user's own iterator can break the checkpoint
+contract (keys, aliased states, closed positions, hangs, errors, arguments), naming the rule."""
 
 from __future__ import annotations
 

@@ -165,7 +165,7 @@ def test_numpy_padding_works_without_torch() -> None:
 # -- readers ---------------------------------------------------------------------------------
 
 
-def test_reader_arithmetic() -> None:
+def test_each_worker_of_each_rank_is_its_own_reader() -> None:
     assert reader_identity(0, 1, 0, 1) == (0, 1)
     assert [reader_identity(1, 3, worker, 2) for worker in range(2)] == [(2, 6), (3, 6)]
     dataset = CheckpointableDataset(training_pipeline, rank=2, world_size=3)
