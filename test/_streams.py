@@ -7,7 +7,7 @@ built from it pickle into worker processes.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Generic, TypeVar
@@ -48,3 +48,16 @@ class ChunkReader(Generic[T]):
 
     def __call__(self, ref: Any) -> list[T]:
         return self.chunks[ref]
+
+
+def split_by_checkpoint(
+    make: Callable[[], it.CheckpointableIterator[T]], count: int
+) -> tuple[list[T], list[T]]:
+    """The first `count` items of a pipeline that `make` builds, and all that a fresh one
+    restored from the state taken after them yields (both pipelines closed)."""
+    with make() as pipeline:
+        head = take(pipeline, count)
+        state = pipeline.getstate()
+    with make() as fresh:
+        fresh.setstate(state)
+        return head, list(fresh)

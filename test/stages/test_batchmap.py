@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _counting import Counter
 from _profiles import examples
 from _streams import native
 from hypothesis import given, settings
@@ -36,17 +37,6 @@ def fail_on_batch_with_9(items: list[int]) -> list[int]:
     if 9 in items:
         raise KeyError("nine")
     return items
-
-
-class Counting:
-    """A source transform counting the items read."""
-
-    def __init__(self) -> None:
-        self.read = 0
-
-    def __call__(self, x: int) -> int:
-        self.read += 1
-        return x
 
 
 class Calls:
@@ -77,15 +67,15 @@ def test_a_transform_returning_an_array_yields_its_rows() -> None:
 def test_a_checkpoint_inside_a_batch_restores_exactly_and_rereads_one_batch_at_most() -> None:
     reference = [x * x for x in range(30)]
     for k in range(31):
-        pipeline = it.BatchMapIterator(it.MapIterator(native(30), Counting()), square_each, 7)
+        pipeline = it.BatchMapIterator(it.MapIterator(native(30), Counter()), square_each, 7)
         for _ in range(k):
             next(pipeline)
         state = json.loads(json.dumps(pipeline.getstate()))
-        counting = Counting()
+        counting = Counter()
         resumed = it.BatchMapIterator(it.MapIterator(native(30), counting), square_each, 7)
         resumed.setstate(state)
         first = next(resumed, None)
-        assert counting.read == (min(7, 30 - (k - k % 7)) if k < 30 else 0)  # item k's batch
+        assert counting.calls == (min(7, 30 - (k - k % 7)) if k < 30 else 0)  # item k's batch
         assert [first, *resumed] == (reference[k:] or [None])
         assert state["offset"] == (k % 7 if k < 30 else 0)
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from _items import lock_at_5
 from _leaks import children, open_fds, open_pipes
-from _streams import drain, native
+from _streams import drain, native, split_by_checkpoint
 
 import infinibatch_like.iterators as it
 from infinibatch_like import WorkerError
@@ -225,13 +225,7 @@ def test_nested_inside_and_around_a_process_prefetcher() -> None:
         )
 
     for make in (inside, around):
-        with make() as pipeline:
-            head = [next(pipeline) for _ in range(45)]
-            state = pipeline.getstate()
-        assert head == expected[:45]
-        with make() as fresh:
-            fresh.setstate(state)
-            assert list(fresh) == expected[45:]
+        assert split_by_checkpoint(make, 45) == (expected[:45], expected[45:])
         assert not children()
 
 
