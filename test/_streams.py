@@ -29,9 +29,10 @@ def take(iterator: Iterator[T], count: int) -> list[T]:
     return list(islice(iterator, count))
 
 
-def drain(pipeline: Iterable[T], sink: list[T]) -> None:
-    """Append every item of `pipeline` to `sink`, which keeps them when an error stops it."""
-    for item in pipeline:
+def drain(pipeline: Iterable[T], sink: list[T], until: int | None = None) -> None:
+    """Append the items of `pipeline` to `sink` (which keeps them when an error stops it):
+    all of them, or until `sink` holds `until` items."""
+    for item in pipeline if until is None else islice(pipeline, until - len(sink)):
         sink.append(item)
 
 

@@ -16,7 +16,7 @@ import numpy
 import pytest
 from _items import failing
 from _profiles import examples
-from _streams import native
+from _streams import drain, native
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from infinibatch.datasets import chunked_dataset_iterator as infinibatch_chunked
@@ -404,12 +404,6 @@ def fails_at_37(x: int) -> int:
     return x
 
 
-def take(pipeline: Iterator[Any], got: list[Any], limit: int) -> None:
-    """Append up to `limit` items of `pipeline` to `got` (kept if an error stops it)."""
-    for item in islice(pipeline, limit - len(got)):
-        got.append(item)
-
-
 class FailsOnce:
     """A transform that fails on one item until `repaired` (a bad record, then fixed)."""
 
@@ -458,7 +452,7 @@ def test_state_after_a_failed_transform_re_attempts_the_item(build: Any) -> None
     pipeline = build(transform)
     got: list[Any] = []
     with pytest.raises(ValueError, match="item 37"):
-        take(pipeline, got, 60)
+        drain(pipeline, got, until=60)
     state = pipeline.getstate()  # points at the failing item: nothing skipped
     restored = build(transform)
     restored.setstate(state)
@@ -508,7 +502,7 @@ def test_any_failed_transform_is_re_attempted_over_sources_that_step_back(
     if bad not in expected:  # a sum of a batch: the bad value may never reach the transform
         return
     with pytest.raises(ValueError, match=f"item {bad}"):
-        take(pipeline, got, length)
+        drain(pipeline, got, until=length)
     state = pipeline.getstate()
     transform.repaired = True
     restored = build(transform)
@@ -530,7 +524,7 @@ def test_getstate_refuses_the_undefined_position_after_a_failed_transform(build:
     before = pipeline.getstate()
     got = [next(pipeline) for _ in range(36)]
     with pytest.raises(ValueError, match="item 37"):
-        take(pipeline, got, 100)
+        drain(pipeline, got, until=100)
     with pytest.raises(RuntimeError) as raised:
         pipeline.getstate()
     assert "the item it was given is consumed from the source and not yielded" in str(
