@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
+from typing import Any
 
 
 def open_fds() -> int:
@@ -17,3 +19,8 @@ def open_pipes() -> int:
         with contextlib.suppress(OSError):  # closed meanwhile
             targets.append(os.readlink(f"/proc/self/fd/{fd}"))
     return sum(target.startswith("pipe:") for target in targets)
+
+
+def children() -> list[Any]:
+    """This process's live child processes (what must be gone after close)."""
+    return multiprocessing.active_children()

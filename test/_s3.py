@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar
 
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -68,6 +68,53 @@ class S3Server:
         return name
 
 
+class LoopbackServer:
+    """An HTTP server on 127.0.0.1 (a free port) that a daemon thread runs; `endpoint` is
+    its URL. Use it as a context manager, or call `stop`."""
+
+    def _serve(self, handler: type[BaseHTTPRequestHandler], thread_name: str) -> None:
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name=thread_name, daemon=True
+        )
+        self._thread.start()
+
+    def __enter__(self: Served) -> Served:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+Served = TypeVar("Served", bound=LoopbackServer)
+
+
+class ProxyHandler(BaseHTTPRequestHandler):
+    """A quiet HTTP/1.1 handler that sends an answer's status line and headers."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def _send_head(self, status: int, headers: Mapping[str, str], length: int) -> None:
+        """The status and `headers`, with a Content-Length of `length` unless they have one
+        (a HEAD answer keeps the object's size)."""
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        if "Content-Length" not in headers:
+            self.send_header("Content-Length", str(length))
+        self.end_headers()
+
+
 @dataclass
 class Fault:
     """`count` more requests with this method whose path contains `path_part` get `kind`."""
@@ -79,7 +126,7 @@ class Fault:
 
 
 @dataclass
-class FaultyProxy:
+class FaultyProxy(LoopbackServer):
     """An HTTP proxy on 127.0.0.1 in front of `target` (a URL), with injected faults."""
 
     target: str
@@ -92,14 +139,7 @@ class FaultyProxy:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
-        handler = _handler_class(self)
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="test-s3-proxy", daemon=True
-        )
-        self._thread.start()
+        self._serve(_handler_class(self), "test-s3-proxy")
 
     def inject(self, kind: str, count: int, method: str = "GET", path_part: str = "") -> None:
         with self._lock:
@@ -116,21 +156,11 @@ class FaultyProxy:
                     return fault.kind
         return None
 
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
-
 
 def _handler_class(proxy: FaultyProxy) -> type[BaseHTTPRequestHandler]:
     host, port = proxy.target.split("://", 1)[1].split(":")
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:  # quiet
-            pass
-
+    class Handler(ProxyHandler):
         def _forward(self) -> None:
             body = self._request_body()
             if proxy.delay:
@@ -161,12 +191,7 @@ def _handler_class(proxy: FaultyProxy) -> type[BaseHTTPRequestHandler]:
             return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
         def _answer(self, status: int, headers: Mapping[str, str], payload: bytes) -> None:
-            self.send_response(status)
-            for name, value in headers.items():
-                self.send_header(name, value)
-            if "Content-Length" not in headers:  # a HEAD answer keeps the object's size
-                self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
+            self._send_head(status, headers, len(payload))
             if self.command != "HEAD":
                 self.wfile.write(payload)
 
@@ -174,11 +199,7 @@ def _handler_class(proxy: FaultyProxy) -> type[BaseHTTPRequestHandler]:
             self, status: int, headers: Mapping[str, str], payload: bytes
         ) -> None:
             """Announce the whole body, send half of it, and reset the connection (RST)."""
-            self.send_response(status)
-            for name, value in headers.items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
+            self._send_head(status, {**headers, "Content-Length": str(len(payload))}, 0)
             self.wfile.write(payload[: len(payload) // 2])
             self.wfile.flush()
             self.connection.setsockopt(

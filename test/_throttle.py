@@ -14,16 +14,15 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from http.server import BaseHTTPRequestHandler
 
-from _s3 import _relay
+from _s3 import LoopbackServer, ProxyHandler, _relay
 
 SLICE = 1 << 16
 """Bytes written at a time (the pacing step), by default."""
 
 
-class ThrottlingProxy:
+class ThrottlingProxy(LoopbackServer):
     """A proxy on 127.0.0.1 in front of `target` (a URL) capping each answer at `rate`
     bytes per second (None: no cap; it may be changed at any time, also for the answers
     being sent), written `step` bytes at a time; `endpoint` is its URL."""
@@ -35,19 +34,7 @@ class ThrottlingProxy:
         self._requests: Counter[str] = Counter()
         self._gets: Counter[str] = Counter()
         self._bytes: Counter[str] = Counter()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_class(self))
-        self._server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="test-throttling-proxy", daemon=True
-        )
-        self._thread.start()
-
-    def __enter__(self) -> ThrottlingProxy:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self._serve(_handler_class(self), "test-throttling-proxy")
 
     def count(self, method: str, path: str, sent: int) -> None:
         with self._lock:
@@ -86,21 +73,11 @@ class ThrottlingProxy:
             self._gets.clear()
             self._bytes.clear()
 
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
-
 
 def _handler_class(proxy: ThrottlingProxy) -> type[BaseHTTPRequestHandler]:
     host, port = proxy.target.split("://", 1)[1].split(":")
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:  # quiet
-            pass
-
+    class Handler(ProxyHandler):
         def _forward(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             status, headers, payload = _relay(host, int(port), self, body)
@@ -111,12 +88,7 @@ def _handler_class(proxy: ThrottlingProxy) -> type[BaseHTTPRequestHandler]:
         do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
 
         def _answer(self, status: int, headers: Mapping[str, str], payload: bytes) -> None:
-            self.send_response(status)
-            for name, value in headers.items():
-                self.send_header(name, value)
-            if "Content-Length" not in headers:
-                self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
+            self._send_head(status, headers, len(payload))
             if self.command == "HEAD":
                 return
             started, step = time.perf_counter(), proxy.step

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _streams import ChunkReader
 
 import infinibatch_like.iterators as it
 from infinibatch_like.datasets import chunked_dataset_iterator
@@ -38,8 +39,7 @@ SHARDS = 12
 ENDLESS_ITEMS = 36
 
 
-def read_chunk(chunk: int) -> list[str]:
-    return CORPUS[chunk]
+read_chunk = ChunkReader(CORPUS)
 
 
 def finite_shard(shard: int, num_shards: int) -> it.CheckpointableIterator[list[str]]:

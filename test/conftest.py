@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from _profiles import load_selected_profile
 from _s3 import CREDENTIALS, FaultyProxy, S3Server
+
+from infinibatch_like.io import reset_retry_counts, reset_storage_counts
+
+load_selected_profile()
 
 
 @dataclass
@@ -58,3 +64,17 @@ def s3_proxy(s3: S3Bucket) -> Iterator[FaultyProxy]:
     proxy = FaultyProxy(s3.server.endpoint)
     yield proxy
     proxy.stop()
+
+
+@pytest.fixture
+def fresh_storage_counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Storage and retry counters at zero, and no INFINIBATCH_LIKE_* setting from the
+    environment, for the test; the counters are reset again after it."""
+    for name in list(os.environ):
+        if name.startswith("INFINIBATCH_LIKE_"):
+            monkeypatch.delenv(name)
+    reset_retry_counts()
+    reset_storage_counts()
+    yield
+    reset_retry_counts()
+    reset_storage_counts()

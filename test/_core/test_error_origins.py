@@ -14,6 +14,9 @@ from typing import Any
 
 import numpy
 import pytest
+from _items import failing
+from _profiles import examples
+from _streams import drain, native
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from infinibatch.datasets import chunked_dataset_iterator as infinibatch_chunked
@@ -29,11 +32,7 @@ def notes(error: BaseException) -> list[str]:
     return list(getattr(error, "__notes__", []))
 
 
-def native(items: Any) -> it.NativeCheckpointableIterator[Any]:
-    return it.NativeCheckpointableIterator(list(items))
-
-
-# -- 12: reading errors name the chunk ------------------------------------------------------
+# -- reading errors name the chunk ---------------------------------------------------------
 
 
 def write_gzip_chunks(folder: Path, count: int, lines: int) -> list[str]:
@@ -160,7 +159,7 @@ def test_error_of_read_chunk_fn_itself_names_the_chunk(read_ahead: int) -> None:
     ]
 
 
-# -- 14: str collections, chunked_dataset_iterator's arguments --------------------------------
+# -- str collections, chunked_dataset_iterator's arguments ---------------------------------
 
 
 @pytest.mark.parametrize("returned", ["line one\nline two", b"bytes"])
@@ -225,7 +224,7 @@ def test_unused_buffer_size_and_an_empty_evaluation_list_stay_accepted() -> None
         chunked_dataset_iterator(["a"], list, 4, read_ahead_chunks=None)  # type: ignore[arg-type]
 
 
-# -- 13: a corpus with no items ---------------------------------------------------------------
+# -- a corpus with no items ----------------------------------------------------------------
 
 
 class Chunks:
@@ -278,7 +277,7 @@ def test_evaluation_over_empty_chunks_just_ends() -> None:
     assert list(pipeline) == []
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1.2), suppress_health_check=[HealthCheck.too_slow])
 @given(
     sizes=st.lists(st.sampled_from([0, 0, 0, 1, 2]), min_size=1, max_size=9),
     num_instances=st.integers(1, 4),
@@ -304,13 +303,7 @@ def test_no_items_is_raised_iff_the_rank_can_never_get_one(
     assert [next(pipeline) for _ in range(12)] == [next(oracle) for _ in range(12)]
 
 
-# -- 14: notes naming the stage whose user callable raised --------------------------------
-
-
-def failing(x: int) -> int:
-    if x == 3:
-        raise KeyError("bad record")
-    return x
+# -- notes naming the stage whose user callable raised -------------------------------------
 
 
 class Scaler:
@@ -402,19 +395,13 @@ def test_callable_note_works_on_any_pipeline_and_error() -> None:
     assert callable_note(object(), raised.value) is None
 
 
-# -- 10: no item is lost after an error in a transform --------------------------------------
+# -- no item is lost after an error in a transform -----------------------------------------
 
 
 def fails_at_37(x: int) -> int:
     if x == 37:
         raise ValueError("item 37")
     return x
-
-
-def take(pipeline: Iterator[Any], got: list[Any], limit: int) -> None:
-    """Append up to `limit` items of `pipeline` to `got` (kept if an error stops it)."""
-    for item in islice(pipeline, limit - len(got)):
-        got.append(item)
 
 
 class FailsOnce:
@@ -465,7 +452,7 @@ def test_state_after_a_failed_transform_re_attempts_the_item(build: Any) -> None
     pipeline = build(transform)
     got: list[Any] = []
     with pytest.raises(ValueError, match="item 37"):
-        take(pipeline, got, 60)
+        drain(pipeline, got, until=60)
     state = pipeline.getstate()  # points at the failing item: nothing skipped
     restored = build(transform)
     restored.setstate(state)
@@ -479,7 +466,7 @@ def test_state_after_a_failed_transform_re_attempts_the_item(build: Any) -> None
     assert got == uninterrupted
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(1.5))
 @given(
     length=st.integers(1, 40),
     size=st.integers(1, 7),
@@ -515,7 +502,7 @@ def test_any_failed_transform_is_re_attempted_over_sources_that_step_back(
     if bad not in expected:  # a sum of a batch: the bad value may never reach the transform
         return
     with pytest.raises(ValueError, match=f"item {bad}"):
-        take(pipeline, got, length)
+        drain(pipeline, got, until=length)
     state = pipeline.getstate()
     transform.repaired = True
     restored = build(transform)
@@ -537,7 +524,7 @@ def test_getstate_refuses_the_undefined_position_after_a_failed_transform(build:
     before = pipeline.getstate()
     got = [next(pipeline) for _ in range(36)]
     with pytest.raises(ValueError, match="item 37"):
-        take(pipeline, got, 100)
+        drain(pipeline, got, until=100)
     with pytest.raises(RuntimeError) as raised:
         pipeline.getstate()
     assert "the item it was given is consumed from the source and not yielded" in str(

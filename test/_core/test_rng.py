@@ -6,6 +6,7 @@ import json
 import random
 
 import pytest
+from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,7 +14,7 @@ from infinibatch_like._core.rng import REDRAW_LIMIT, CountingRandom, mark_fields
 from infinibatch_like.stages.sources import RandomIterator
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(2))
 @given(
     seed=st.integers(0, 2**64),
     bounds=st.lists(st.integers(1, 2**200), min_size=1, max_size=12),

@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 import torch
 from _leaks import open_fds
+from _streams import native
+from _waiting import wait_until
 
 import infinibatch_like.iterators as it
 from infinibatch_like import WorkerError
@@ -55,15 +57,6 @@ def segments() -> set[str]:
 def live_segments() -> set[str]:
     """Every segment of the transport in /dev/shm."""
     return {name for name in os.listdir(shm.SHM_DIR) if name.startswith("ibl_")}
-
-
-def wait_until(condition: Any, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def arrays(i: int) -> dict[str, Any]:
@@ -133,10 +126,6 @@ def via_shared_memory(value: Any) -> bool:
                 if start <= address < end:
                     return True
     return False
-
-
-def native(n: int) -> it.NativeCheckpointableIterator[int]:
-    return it.NativeCheckpointableIterator(list(range(n)))
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -172,7 +172,7 @@ def test_no_checkpoint_yet_is_a_file_not_found_error(tmp_path: Path) -> None:
         ("{step}/data.json", {"step": 1}, ValueError, "must be in the file name"),
     ],
 )
-def test_argument_errors(
+def test_bad_arguments_are_refused_before_writing_anything(
     tmp_path: Path, path: str, kwargs: dict[str, Any], error: type[Exception], message: str
 ) -> None:
     with pytest.raises(error, match=message):

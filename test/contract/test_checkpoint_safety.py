@@ -1,16 +1,17 @@
-"""Checkpoints as real training code uses them: caller keys, inner restores, closed
-pipelines, mutated dicts, changed pipelines and damaged counts (issue 9, items 1 to 6)."""
+"""Checkpoints as real training code uses them: keys the caller adds to a state, restoring
+an inner stage, getstate after close, states that are snapshots (not views of live fields),
+a changed pipeline refused, and huge or damaged counts refused or restored at once."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from _streams import ChunkReader, take
+from _waiting import HANG, within
 
 import infinibatch_like.iterators as it
 from infinibatch_like._core import rng as _rng
@@ -21,8 +22,7 @@ from infinibatch_like.testing import assert_checkpointable
 CHUNKS = [[f"c{c}-{i}" for i in range(c % 4 + 2)] for c in range(12)]
 
 
-def read_chunk(index: int) -> list[str]:
-    return CHUNKS[index]
+read_chunk = ChunkReader(CHUNKS)
 
 
 def dataset(seed: int = 2, chunks: list[int] | None = None) -> it.CheckpointableIterator[Any]:
@@ -30,31 +30,7 @@ def dataset(seed: int = 2, chunks: list[int] | None = None) -> it.Checkpointable
     return chunked_dataset_iterator(refs, read_chunk, buffer_size=5, seed=seed)
 
 
-def take(iterator: it.CheckpointableIterator[Any], n: int) -> list[Any]:
-    return list(itertools.islice(iterator, n))
-
-
-def within(seconds: float, action: Callable[[], Any]) -> Any:
-    """Run `action` in a thread; fail (instead of hanging) if it takes longer."""
-    outcome: list[Any] = []
-
-    def run() -> None:
-        try:
-            outcome.append(("value", action()))
-        except BaseException as error:
-            outcome.append(("error", error))
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert outcome, f"did not finish within {seconds} s"
-    kind, value = outcome[0]
-    if kind == "error":
-        raise value
-    return value
-
-
-# -- 1. keys added by the caller ----------------------------------------------------------
+# -- keys added by the caller --------------------------------------------------------------
 
 
 class EpochLoader:
@@ -139,7 +115,7 @@ def test_a_wrong_tag_a_missing_key_or_a_wrong_type_is_still_refused() -> None:
             dataset().setstate(checkpoint)
 
 
-# -- 2. restoring an inner stage -----------------------------------------------------------
+# -- restoring an inner stage --------------------------------------------------------------
 
 
 def test_restoring_an_inner_stage_directly_stops_the_outer_ones_clearly() -> None:
@@ -174,7 +150,7 @@ def test_restores_through_the_outermost_stage_and_before_wrapping_are_fine() -> 
     assert take(outer, 2) == ["0", "1"]
 
 
-# -- 3. getstate after close -----------------------------------------------------------------
+# -- getstate after close ------------------------------------------------------------------
 
 
 def test_getstate_after_a_with_block_tells_the_true_position() -> None:
@@ -196,7 +172,7 @@ def test_getstate_after_closing_a_chain_restores_the_continuation() -> None:
     assert take(fresh, 27) == reference[13:]
 
 
-# -- 4. states are snapshots ---------------------------------------------------------------
+# -- states are snapshots ------------------------------------------------------------------
 
 
 def clear_in_place(value: Any) -> None:
@@ -236,7 +212,7 @@ def test_changing_a_state_dict_in_or_out_never_changes_the_pipeline(
     assert take(fresh, 30) == take(pipeline, 30)
 
 
-# -- 5. a changed pipeline ---------------------------------------------------------------
+# -- a changed pipeline --------------------------------------------------------------------
 
 
 def test_a_state_of_a_reordered_chunk_list_is_refused_naming_the_argument() -> None:
@@ -331,7 +307,7 @@ def test_weights_set_during_the_run_continue_when_the_constructor_is_unchanged()
     assert take(resumed, 40) == take(pipeline, 40) == [0] * 40
 
 
-# -- 6. huge or damaged counts -------------------------------------------------------------
+# -- huge or damaged counts ----------------------------------------------------------------
 
 
 def seeded_pipelines() -> list[Callable[[], it.CheckpointableIterator[Any]]]:
@@ -372,10 +348,10 @@ def test_a_huge_or_negative_count_is_refused_or_restored_quickly(
             take(fresh, 3)
 
         if field == "position" and value > 0:  # a far position of an endless stream is real
-            within(2.0, restore_and_read)
+            within(HANG, restore_and_read)
         else:
             with pytest.raises(StateMismatchError, match=type(fresh).__name__):
-                within(2.0, restore_and_read)
+                within(HANG, restore_and_read)
 
 
 def test_a_long_run_stores_its_generator_and_restores_at_once(
@@ -400,7 +376,7 @@ def test_a_count_beyond_the_limit_without_a_generator_is_refused_at_once() -> No
         {**state, "count": 3, "generator": "A" * 3336},
     ):
         with pytest.raises(StateMismatchError, match="RandomIterator"):
-            within(1.0, lambda damaged=damaged: it.RandomIterator(4).setstate(damaged))
+            within(HANG, lambda damaged=damaged: it.RandomIterator(4).setstate(damaged))
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _items import add_one, packed_lists
+from _streams import ChunkReader
 
 import infinibatch_like
 import infinibatch_like.iterators as it
@@ -43,12 +45,7 @@ def native(n: int = 23) -> it.NativeCheckpointableIterator:
     return it.NativeCheckpointableIterator(list(range(n)))
 
 
-def read_chunk(index: int) -> list[str]:
-    return CHUNKS[index]
-
-
-def add_one(x: int) -> int:
-    return x + 1
+read_chunk = ChunkReader(CHUNKS)
 
 
 def add_one_each(items: list[int]) -> list[int]:
@@ -112,10 +109,6 @@ def length_of(item: Any) -> int:
 
 def token_list(n: int) -> list[int]:
     return list(range(1, n % 7 + 1))
-
-
-def packed_lists(sequence: Any) -> tuple[list[Any], ...]:
-    return tuple(value.tolist() for value in sequence.values())
 
 
 def documents(n: int = 40) -> it.MapIterator[list[int]]:

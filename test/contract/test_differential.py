@@ -8,7 +8,6 @@ the checkpoint is loaded into a *fresh* pipeline of ours, and what follows must 
 oracle's uninterrupted stream from position ``k``. The oracle's own restore is never used.
 """
 
-import itertools
 import json
 import random
 from collections.abc import Callable, Iterator
@@ -19,6 +18,8 @@ from typing import Any
 import infinibatch.datasets as ibd
 import infinibatch.iterators as ib
 import pytest
+from _profiles import examples
+from _streams import take
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,16 +44,12 @@ Factory = Callable[[Lib], Iterator[Any]]
 # Guard for streams that should be finite: far more than any generated example yields.
 FINITE = 10_000
 
-DIFF = settings(max_examples=200, deadline=None)
+DIFF = settings(max_examples=examples(2))
 
 seeds = st.integers(min_value=0, max_value=2**40)
 small_ints = st.integers(min_value=0, max_value=999)
 item_lists = st.lists(small_ints, max_size=60)
 words = st.text(alphabet="abcd", min_size=1, max_size=7)
-
-
-def take(iterator: Iterator[Any], n: int) -> list[Any]:
-    return list(itertools.islice(iterator, n))
 
 
 def assert_same_items(expected: list[Any], got: list[Any], what: str, offset: int = 0) -> None:
@@ -346,7 +343,7 @@ batch_sizes = st.one_of(
 boundary_keys = st.sampled_from([None, first_letter, by_thirds])
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(4))
 @given(
     items=st.lists(words, max_size=60),
     read_ahead=st.integers(1, 20),
@@ -500,7 +497,7 @@ def test_bump_seed(seed: int | None, step: int) -> None:
     assert ild.bump_seed(seed, step) == ibd.bump_seed(seed, step)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(1.5))
 @given(
     chunks=chunk_lists(min_chunk_size=1, min_chunks=1),
     seed=seeds,

@@ -8,45 +8,43 @@ import re
 from typing import Any
 
 import pytest
+from _items import failing
+from _streams import native
 
 import infinibatch_like.iterators as it
 from infinibatch_like import StateMismatchError
 from infinibatch_like.datasets import chunked_dataset_iterator
 
 
-def native(n: int = 10) -> it.NativeCheckpointableIterator:
-    return it.NativeCheckpointableIterator(list(range(n)))
-
-
 @pytest.mark.parametrize(
     ("build", "error", "message"),
     [
-        (lambda: it.FixedBatchIterator(native(), 0), ValueError,
+        (lambda: it.FixedBatchIterator(native(10), 0), ValueError,
          "FixedBatchIterator: batch_size must be >= 1, got 0"),
-        (lambda: it.FixedBatchIterator(native(), 2.0), TypeError,
+        (lambda: it.FixedBatchIterator(native(10), 2.0), TypeError,
          "FixedBatchIterator: batch_size must be an int, got 2.0"),
-        (lambda: it.BlockwiseShuffleIterator(native(), -1), ValueError,
+        (lambda: it.BlockwiseShuffleIterator(native(10), -1), ValueError,
          "BlockwiseShuffleIterator: block_size must be >= 1, got -1"),
-        (lambda: it.BufferedShuffleIterator(native(), 0), ValueError,
+        (lambda: it.BufferedShuffleIterator(native(10), 0), ValueError,
          "BufferedShuffleIterator: buffer_size must be >= 1, got 0"),
-        (lambda: it.BucketedReadaheadBatchIterator(native(), 0, None, 2), ValueError,
+        (lambda: it.BucketedReadaheadBatchIterator(native(10), 0, None, 2), ValueError,
          "BucketedReadaheadBatchIterator: read_ahead must be >= 1, got 0"),
-        (lambda: it.BucketedReadaheadBatchIterator(native(), 5, None, 0), ValueError,
+        (lambda: it.BucketedReadaheadBatchIterator(native(10), 5, None, 0), ValueError,
          "BucketedReadaheadBatchIterator: batch_size must be >= 1, got 0"),
-        (lambda: it.BucketedReadaheadBatchIterator(native(), 5, None, "8"), TypeError,
+        (lambda: it.BucketedReadaheadBatchIterator(native(10), 5, None, "8"), TypeError,
          "BucketedReadaheadBatchIterator: batch_size must be callable, got '8'"),
-        (lambda: it.BucketedReadaheadBatchIterator(native(), 5, 3, 2), TypeError,
+        (lambda: it.BucketedReadaheadBatchIterator(native(10), 5, 3, 2), TypeError,
          "BucketedReadaheadBatchIterator: key must be callable, got 3"),
-        (lambda: it.WindowedIterator(native(), 0), ValueError,
+        (lambda: it.WindowedIterator(native(10), 0), ValueError,
          "WindowedIterator: width must be >= 1, got 0"),
-        (lambda: it.MapIterator(native(), None), TypeError,
+        (lambda: it.MapIterator(native(10), None), TypeError,
          "MapIterator: transform must be callable, got None"),
         (lambda: it.MapIterator([1, 2], str), ValueError,
          "MapIterator: source_iterator must be a CheckpointableIterator, got list"),
-        (lambda: it.ZipIterator(native(), iter([1])), ValueError,
+        (lambda: it.ZipIterator(native(10), iter([1])), ValueError,
          "ZipIterator: source_iterators[1] must be a CheckpointableIterator, got list_iterator"),
         (lambda: it.ZipIterator(), ValueError, "ZipIterator: needs at least one source"),
-        (lambda: it.MultiplexIterator(native(), [native(), 3]), ValueError,
+        (lambda: it.MultiplexIterator(native(10), [native(10), 3]), ValueError,
          "MultiplexIterator: source_iterators[1] must be a CheckpointableIterator, got int"),
         (lambda: it.NativeCheckpointableIterator(iter([1, 2])), ValueError,
          "NativeCheckpointableIterator: iterable must be re-iterable, got an iterator"),
@@ -89,8 +87,8 @@ def test_multiplex_rejects_a_bad_index() -> None:
 
 
 def test_foreign_state_names_the_path_to_the_stage() -> None:
-    pipeline = it.MapIterator(it.SelectManyIterator(native()), str)
-    other = it.MapIterator(native(), str)
+    pipeline = it.MapIterator(it.SelectManyIterator(native(10)), str)
+    other = it.MapIterator(native(10), str)
     with pytest.raises(StateMismatchError) as caught:
         pipeline.setstate(other.getstate())
     assert str(caught.value) == (
@@ -102,11 +100,11 @@ def test_foreign_state_names_the_path_to_the_stage() -> None:
 def test_gathered_state_given_to_setstate_points_to_restore_state() -> None:
     from infinibatch_like.distributed import gather_state
 
-    pipeline = it.MapIterator(native(), str)
+    pipeline = it.MapIterator(native(10), str)
     next(pipeline)
     gathered = gather_state(pipeline)
     with pytest.raises(StateMismatchError) as caught:
-        it.MapIterator(native(), str).setstate(gathered)
+        it.MapIterator(native(10), str).setstate(gathered)
     assert str(caught.value) == (
         "checkpoint does not fit this pipeline at MapIterator: this is every rank's state "
         "gathered by gather_state(); restore it with "
@@ -164,18 +162,18 @@ def test_changed_chunk_refs_are_named_as_passed_to_chunked_dataset_iterator() ->
 
 def test_state_with_wrong_field_type_is_refused() -> None:
     with pytest.raises(StateMismatchError, match="field 'consumed' has type bool, expected int"):
-        native().setstate({"stage": "NativeCheckpointableIterator", "consumed": True})
+        native(10).setstate({"stage": "NativeCheckpointableIterator", "consumed": True})
 
 
 def test_state_beyond_the_data_is_refused() -> None:
     with pytest.raises(StateMismatchError, match="skips 11 items, but the iterable has 10"):
-        native().setstate({"stage": "NativeCheckpointableIterator", "consumed": 11})
+        native(10).setstate({"stage": "NativeCheckpointableIterator", "consumed": 11})
 
 
 def test_state_taken_with_another_seed_is_refused() -> None:
-    state = it.BlockwiseShuffleIterator(native(), 3, seed=2).getstate()
+    state = it.BlockwiseShuffleIterator(native(10), 3, seed=2).getstate()
     with pytest.raises(StateMismatchError, match="taken with seed 2, this stage has 1"):
-        it.BlockwiseShuffleIterator(native(), 3, seed=1).setstate(state)
+        it.BlockwiseShuffleIterator(native(10), 3, seed=1).setstate(state)
 
 
 def test_drawn_seed_is_kept_and_adopted() -> None:
@@ -191,14 +189,8 @@ def test_drawn_seed_is_kept_and_adopted() -> None:
     assert list(other) == stream[1:]
 
 
-def failing(x: int) -> int:
-    if x == 3:
-        raise KeyError("bad record")
-    return x
-
-
 def test_error_in_a_stage_is_not_turned_into_the_end_of_the_stream() -> None:
-    pipeline = it.FixedBatchIterator(it.MapIterator(native(), failing), 2)
+    pipeline = it.FixedBatchIterator(it.MapIterator(native(10), failing), 2)
     assert next(pipeline) == [0, 1]
     state = pipeline.getstate()
     with pytest.raises(KeyError, match="bad record"):
@@ -212,7 +204,7 @@ def test_error_in_a_stage_is_not_turned_into_the_end_of_the_stream() -> None:
 
 
 def test_closed_iterator_refuses_next_and_setstate() -> None:
-    pipeline = it.MapIterator(native(), str)
+    pipeline = it.MapIterator(native(10), str)
     pipeline.close()
     pipeline.close()
     with pytest.raises(RuntimeError, match="MapIterator is closed"):
@@ -222,7 +214,7 @@ def test_closed_iterator_refuses_next_and_setstate() -> None:
 
 
 def test_context_manager_closes_the_whole_chain() -> None:
-    source = native()
+    source = native(10)
     with it.MapIterator(source, str) as pipeline:
         assert next(pipeline) == "0"
     with pytest.raises(RuntimeError, match="NativeCheckpointableIterator is closed"):
@@ -230,7 +222,7 @@ def test_context_manager_closes_the_whole_chain() -> None:
 
 
 def test_unpicklable_callable_is_refused_clearly() -> None:
-    pipeline = it.FixedBatchIterator(it.MapIterator(native(), lambda x: x), 2)
+    pipeline = it.FixedBatchIterator(it.MapIterator(native(10), lambda x: x), 2)
     with pytest.raises(pickle.PicklingError,
                        match="cannot pickle MapIterator: its transform <function"):
         pickle.dumps(pipeline)
@@ -242,7 +234,7 @@ def test_state_mismatch_error_survives_pickling() -> None:
     assert str(copy) == str(error)
 
 
-def test_advance_iterator() -> None:
+def test_advancing_past_the_end_names_how_far_it_got() -> None:
     iterator = iter(range(5))
     assert it._advance_iterator(iterator, 3) == 3
     assert next(iterator) == 3
@@ -257,7 +249,7 @@ def test_buffered_shuffle_keeps_none_items() -> None:
 
 
 def test_boundary_key_returning_none_is_named() -> None:
-    batches = it.BucketedReadaheadBatchIterator(native(), 4, None, 2, boundary_key=lambda x: None)
+    batches = it.BucketedReadaheadBatchIterator(native(10), 4, None, 2, boundary_key=lambda x: None)
     with pytest.raises(ValueError, match="boundary_key returned None for 0"):
         next(batches)
 

@@ -6,7 +6,6 @@ partition the data; states stay small and hold no items; seed=None stages reprod
 
 from __future__ import annotations
 
-import itertools
 import json
 import random
 from collections import Counter
@@ -14,26 +13,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
+from _profiles import examples
+from _streams import ChunkReader, native, take
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import infinibatch_like.iterators as it
 from infinibatch_like.datasets import chunked_dataset_iterator
 
-FAST = settings(max_examples=250, deadline=None,
+FAST = settings(max_examples=examples(2.5),
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-SLOW = settings(max_examples=10, deadline=None,
+SLOW = settings(max_examples=examples(0.1),
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 seeds = st.one_of(st.integers(0, 2**64), st.sampled_from(["", "seed", "ζ"]))
-
-
-def native(items: Sequence[Any]) -> it.NativeCheckpointableIterator:
-    return it.NativeCheckpointableIterator(list(items))
-
-
-def take(iterator: Any, count: int) -> list[Any]:
-    return list(itertools.islice(iterator, count))
 
 
 def as_multiset(items: Sequence[Any]) -> Counter[str]:
@@ -299,8 +292,7 @@ def select_repeated(item: str) -> list[str]:
 CHUNKS = [distinct(50_000)[c * 25 : c * 25 + c % 7] for c in range(40)]
 
 
-def read_chunk(index: int) -> list[str]:
-    return CHUNKS[index]
+read_chunk = ChunkReader(CHUNKS)
 
 
 # name -> build(seed, size); none of these states may hold items.
@@ -391,7 +383,7 @@ UNSEEDED: dict[str, Callable[[], it.CheckpointableIterator[Any]]] = {
 
 
 @pytest.mark.parametrize("name", sorted(UNSEEDED))
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=examples(0.2))
 @given(position=st.integers(0, 50))
 def test_unseeded_stages_reproduce(name: str, position: int) -> None:
     build = UNSEEDED[name]

@@ -4,12 +4,13 @@ clear error naming a stage or restored coherently, always within a deadline (C11
 from __future__ import annotations
 
 import copy
-import itertools
 import random
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from _profiles import examples
+from _streams import ChunkReader, native, take
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,8 +26,7 @@ generous so that a loaded machine does not fail the test)."""
 CHUNKS = [[f"c{c}-{i}" for i in range(c % 4 + 1)] for c in range(10)]
 
 
-def read_chunk(index: int) -> list[str]:
-    return CHUNKS[index]
+read_chunk = ChunkReader(CHUNKS)
 
 
 def length(item: Any) -> int:
@@ -43,10 +43,6 @@ def noisy(rng: random.Random, item: Any) -> Any:
 
 def running_total(total: int, item: Any) -> tuple[int, int]:
     return total + len(str(item)), total
-
-
-def native(n: int) -> it.NativeCheckpointableIterator[int]:
-    return it.NativeCheckpointableIterator(list(range(n)))
 
 
 PIPELINES: list[Callable[[], it.CheckpointableIterator[Any]]] = [
@@ -180,13 +176,8 @@ def within_deadline(action: Callable[[], Any], what: str) -> tuple[Any, BaseExce
     return outcome[0]
 
 
-def take(iterator: it.CheckpointableIterator[Any], n: int) -> list[Any]:
-    return list(itertools.islice(iterator, n))
-
-
 @settings(
-    max_examples=500,
-    deadline=None,
+    max_examples=examples(5),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
+from _profiles import examples
 from _recipes import (
     REFERENCE_CAP,
     Recipe,
@@ -232,9 +233,8 @@ class PipelineMachine(RuleBasedStateMachine):
 
 
 PipelineMachine.TestCase.settings = settings(
-    max_examples=600,
+    max_examples=examples(6),
     stateful_step_count=40,
-    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                            HealthCheck.filter_too_much],
 )

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import torch
+from _profiles import examples
 from _ranks import Member, ThreadGroup, run_ranks
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
@@ -179,8 +180,7 @@ def drain(pipeline: EqualLengthIterator[Any]) -> Iterator[tuple[Any, bool, dict[
 
 
 EQUAL = settings(
-    max_examples=60,
-    deadline=None,
+    max_examples=examples(0.6),
     # The fixture only swaps the collective for a thread barrier: nothing to reset.
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
@@ -317,7 +317,7 @@ def steps_of(pipeline: Any, count: int | None) -> list[tuple[Any, bool]]:
     return [(item, pipeline.last_is_padding) for item in islice(pipeline, count)]
 
 
-@settings(EQUAL, max_examples=30)
+@settings(EQUAL, max_examples=examples(0.3))
 @given(
     sizes=st.lists(st.integers(0, 4), min_size=1, max_size=9),
     old=st.integers(1, 4),

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import multiprocessing
 import threading
-import time
 from collections import defaultdict
 from itertools import islice
 from typing import Any
 
 import pytest
+from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -126,7 +126,7 @@ def test_sharded_iterator_with_workers_is_checkpointable() -> None:
 # -- exactly once across a change of the number of ranks ----------------------------------
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(0.6))
 @given(
     sizes=st.lists(st.integers(0, 6), min_size=1, max_size=14),
     shards=st.integers(1, 8),
@@ -301,21 +301,29 @@ def test_a_checkpoint_taken_with_k_workers_restores_with_another_count(method: s
     assert not multiprocessing.active_children()
 
 
-FIRST_PULL = multiprocessing.get_context("fork").Array("d", 2)
+FORK = multiprocessing.get_context("fork")
+ASKED = FORK.Event()
+"""Set by the test just before its first next()."""
+SHARD_1_PULLED = FORK.Event()
+"""Set by shard 1's worker when it pulls its first item."""
+SEEN = FORK.Array("b", 2)
+"""What the workers saw: [shard 1's first item came while shard 0's first one was still
+being read, shard 1's first pull came after the first next()]."""
 
 
 class SlowFirstItem:
-    """Shard `shard`'s items 0..4; shard 0 takes 0.6 s for its first one (a first block
-    read); each shard records when its worker first pulled (in `FIRST_PULL`)."""
+    """Shard `shard`'s items 0..4; shard 0's first item (a first block read) lasts until
+    shard 1's worker has pulled its first item (at most 20 s)."""
 
     def __init__(self, shard: int) -> None:
         self.shard = shard
 
     def __call__(self, item: int) -> int:
-        if item == 0:
-            FIRST_PULL[self.shard] = time.monotonic()
-            if self.shard == 0:
-                time.sleep(0.6)
+        if item == 0 and self.shard == 1:
+            SEEN[1] = ASKED.is_set()
+            SHARD_1_PULLED.set()
+        elif item == 0:
+            SEEN[0] = SHARD_1_PULLED.wait(20)
         return 10 * self.shard + item
 
 
@@ -324,12 +332,15 @@ def slow_first_factory(shard: int, num_shards: int) -> it.CheckpointableIterator
 
 
 def test_every_worker_starts_at_the_first_next_not_after_the_items_before_its_own() -> None:
-    FIRST_PULL[0] = FIRST_PULL[1] = 0.0
+    ASKED.clear()
+    SHARD_1_PULLED.clear()
+    SEEN[0] = SEEN[1] = 0
     with ShardedIterator(slow_first_factory, 2, 0, 1, workers=2, start_method="fork") as sharded:
-        asked = time.monotonic()
+        ASKED.set()
         assert next(sharded) == 0
-        # Worker 1 read its first item while worker 0 was slow, not once that came.
-        assert 0 < FIRST_PULL[1] - asked < 0.4
+        # Worker 1 read its first item while worker 0 was in its first one, not once that
+        # came, and not before the first next().
+        assert list(SEEN) == [1, 1]
         assert list(sharded) == [10, 1, 11, 2, 12, 3, 13, 4, 14]
     assert not multiprocessing.active_children()
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _profiles import examples
 from _throttle import ThrottlingProxy
 from conftest import S3Bucket
 from hypothesis import given, settings
@@ -28,7 +29,6 @@ from infinibatch_like.io import (
     FetchOptions,
     open_chunk,
     read_lines,
-    reset_storage_counts,
     storage_counts,
 )
 from infinibatch_like.io._cache import PREFIX, TMP, ChunkCache
@@ -36,14 +36,7 @@ from infinibatch_like.io._cache import PREFIX, TMP, ChunkCache
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in os.environ:
-        if name.startswith("INFINIBATCH_LIKE_"):
-            monkeypatch.delenv(name)
-    reset_storage_counts()
-    yield
-    reset_storage_counts()
+pytestmark = pytest.mark.usefixtures("fresh_storage_counts")
 
 
 @pytest.fixture
@@ -277,7 +270,7 @@ def test_an_object_not_read_to_its_end_is_not_kept(
     assert storage_counts()["cache_misses"] == 2
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(0.4))
 @given(
     limit=st.integers(1, 400),
     reads=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 150)), max_size=25),

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -110,7 +111,7 @@ def test_line_endings(tmp_path: Path, data: bytes, lines: list[str]) -> None:
     assert list(read_lines(write(tmp_path / "c.txt", data))) == lines
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(0.6))
 @given(
     text=st.text(alphabet=st.sampled_from(["a", "é", "\n", "\r", " ", "€"]), max_size=60),
     block=st.integers(1, 9),
@@ -150,7 +151,7 @@ def expected_lines(data: bytes, limit: int | None) -> list[str | tuple[int, str]
     return out
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(1.5))
 @given(
     pieces=st.lists(st.sampled_from(
         [b"a", b"\xc3\xa9", b"\n", b"\r", b"\r\n", b"\xff", b"\xe2\x82", "\u20ac".encode()]
@@ -237,7 +238,7 @@ def test_read_jsonl_skips_blank_lines_and_names_a_bad_line(tmp_path: Path) -> No
             next(lines)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(0.5))
 @given(
     records=st.lists(
         st.tuples(st.text(max_size=20), st.binary(max_size=300)), max_size=12

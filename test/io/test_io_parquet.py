@@ -21,6 +21,7 @@ import pyarrow.feather as feather
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
+from _profiles import examples
 from _s3 import FaultyProxy
 from conftest import S3Bucket
 from fsspec.implementations.memory import MemoryFileSystem
@@ -397,7 +398,7 @@ def test_s3_range_reads_are_retried_each_on_its_own(s3: S3Bucket, s3_proxy: Faul
     assert sum(retry_counts().values()) == 3
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(0.25))
 @given(
     sizes=st.lists(st.integers(0, 30), min_size=1, max_size=4),
     group=st.integers(1, 12),

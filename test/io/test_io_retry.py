@@ -69,7 +69,9 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
         (PermissionError("no"), None),
     ],
 )
-def test_transient_cause(error: BaseException, cause: str | None) -> None:
+def test_transient_errors_are_told_from_permanent_ones(
+    error: BaseException, cause: str | None
+) -> None:
     assert transient_cause(error) == cause
 
 

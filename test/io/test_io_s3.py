@@ -10,7 +10,6 @@ import json
 import logging
 import random
 import urllib.request
-from collections.abc import Iterator
 from itertools import islice
 
 import pytest
@@ -32,7 +31,6 @@ from infinibatch_like.io import (
     read_lines,
     read_records,
     readers,
-    reset_retry_counts,
     retry_counts,
     write_records,
 )
@@ -40,11 +38,7 @@ from infinibatch_like.io import (
 FAST = RetryPolicy(tries=4, first_delay=0.01, max_delay=0.05)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_counts() -> Iterator[None]:
-    reset_retry_counts()
-    yield
-    reset_retry_counts()
+pytestmark = pytest.mark.usefixtures("fresh_storage_counts")
 
 
 def lines_of(seed: int, count: int) -> list[str]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import zstandard
+from _profiles import examples
 from conftest import S3Bucket
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -224,7 +225,7 @@ def test_chunked_dataset_of_shards_is_checkpointable(tmp_path: Path, suffix: str
     check_resume(build, max_items=60, restore_points=5)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(0.3))
 @given(
     members=st.lists(
         st.tuples(st.sampled_from("abcd"), st.sampled_from(["jpg", "txt", "x.y", ""])),

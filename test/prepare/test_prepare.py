@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -103,7 +104,7 @@ def _even(items: int, per_chunk: int) -> list[int]:
     return [items // count + (number < items % count) for number in range(count)]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(0.6))
 @given(items=st.integers(0, 60), per_chunk=st.integers(1, 12), gzipped=st.booleans())
 def test_each_input_is_cut_into_chunks_of_nearly_equal_sizes(
     tmp_path_factory: pytest.TempPathFactory, items: int, per_chunk: int, gzipped: bool
@@ -655,7 +656,7 @@ def test_progress_bar_shows_bytes_items_and_rate(
     assert bar.endswith("24 items]")
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(0.6))
 @given(
     lines=st.lists(
         st.text(st.characters(blacklist_characters="\n\r", blacklist_categories=("Cs",))),

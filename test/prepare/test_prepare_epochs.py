@@ -118,9 +118,9 @@ def _spread(loads: list[int]) -> float:
 
 
 def test_shards_of_a_chunked_corpus_are_balanced_within_two_percent(tmp_path: Path) -> None:
-    # inputs of 41 to 79 lines cut by at most 40 lines a chunk: each input gives two chunks
-    # (a stride used to give one shard of each pair the full chunks, the other the
-    # remainders); 6 shards, and 2 ranks of 3 shards each
+    # inputs of 41 to 79 lines cut by at most 40 lines a chunk: each input gives two chunks,
+    # a full one and a remainder (a stride over the chunks would give one shard the full
+    # chunks, another the remainders); 6 shards, and 2 ranks of 3 shards each
     rng = random.Random(0)
     for number in range(18):
         lines = "".join(f"in{number}-{i}\n" for i in range(rng.randint(41, 79)))

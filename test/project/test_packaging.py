@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from _python import run_python
 from packaging.requirements import Requirement
 
 pytestmark = pytest.mark.timeout(240)
@@ -92,15 +93,7 @@ def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProc
     repository through PYTHONPATH or MYPYPATH)."""
     hidden = ("PYTHONPATH", "MYPYPATH")
     env = {key: value for key, value in os.environ.items() if key not in hidden}
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_python(args, cwd, timeout, env)
 
 
 def _python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:

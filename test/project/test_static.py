@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _python import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _tool(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_python(["-m", *args], REPO, timeout)
 
 
 def _explain(proc: subprocess.CompletedProcess[str]) -> str:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _python import run_python
 
 import infinibatch_like.__main__ as demo_module
 from infinibatch_like.__main__ import main
@@ -23,15 +23,7 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     """Run the Python interpreter of this test session on `args`, importing this checkout."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
+    return run_python(args, cwd, TIMEOUT_S, env)
 
 
 def _launch(script: Path) -> list[str]:

@@ -9,6 +9,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _counting import Counter
+from _profiles import examples
+from _streams import native
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,17 +39,6 @@ def fail_on_batch_with_9(items: list[int]) -> list[int]:
     return items
 
 
-class Counting:
-    """A source transform counting the items read."""
-
-    def __init__(self) -> None:
-        self.read = 0
-
-    def __call__(self, x: int) -> int:
-        self.read += 1
-        return x
-
-
 class Calls:
     """A batched transform recording the sizes of its batches."""
 
@@ -56,10 +48,6 @@ class Calls:
     def __call__(self, items: list[int]) -> list[int]:
         self.sizes.append(len(items))
         return square_each(items)
-
-
-def native(n: int) -> it.NativeCheckpointableIterator[int]:
-    return it.NativeCheckpointableIterator(list(range(n)))
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 7, 50])
@@ -79,15 +67,15 @@ def test_a_transform_returning_an_array_yields_its_rows() -> None:
 def test_a_checkpoint_inside_a_batch_restores_exactly_and_rereads_one_batch_at_most() -> None:
     reference = [x * x for x in range(30)]
     for k in range(31):
-        pipeline = it.BatchMapIterator(it.MapIterator(native(30), Counting()), square_each, 7)
+        pipeline = it.BatchMapIterator(it.MapIterator(native(30), Counter()), square_each, 7)
         for _ in range(k):
             next(pipeline)
         state = json.loads(json.dumps(pipeline.getstate()))
-        counting = Counting()
+        counting = Counter()
         resumed = it.BatchMapIterator(it.MapIterator(native(30), counting), square_each, 7)
         resumed.setstate(state)
         first = next(resumed, None)
-        assert counting.read == (min(7, 30 - (k - k % 7)) if k < 30 else 0)  # item k's batch
+        assert counting.calls == (min(7, 30 - (k - k % 7)) if k < 30 else 0)  # item k's batch
         assert [first, *resumed] == (reference[k:] or [None])
         assert state["offset"] == (k % 7 if k < 30 else 0)
 
@@ -125,12 +113,12 @@ def test_argument_and_state_errors() -> None:
         it.BatchMapIterator(native(9), square_each, 4).setstate(state)
 
 
-def test_is_checkpointable() -> None:
+def test_batch_map_passes_the_checkpoint_checks_and_resumes_exactly() -> None:
     assert_checkpointable(lambda: it.BatchMapIterator(native(23), square_each, 5), max_items=30)
     check_resume(lambda: it.BatchMapIterator(native(23), square_each, 5), max_items=30)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(0.4))
 @given(
     n=st.integers(0, 40),
     batch_size=st.integers(1, 12),

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _streams import take
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +22,7 @@ from infinibatch_like.distributed.elastic import elastic_state
 from infinibatch_like.distributed.sharded import ShardedIterator
 from infinibatch_like.testing import assert_checkpointable
 
-PROPERTY = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(suppress_health_check=[HealthCheck.too_slow])
 
 
 def tag(source: int, length: int) -> list[int]:
@@ -36,10 +37,6 @@ def tagged(source: int, lengths: list[int]) -> it.MapIterator[list[int]]:
 def mixer(lengths: list[list[int]], weights: list[Any], **kwargs: Any) -> Any:
     sources = [tagged(index, sizes) for index, sizes in enumerate(lengths)]
     return TokenBudgetMultiplexIterator(sources, weights, **kwargs)
-
-
-def take(iterator: Any, count: int) -> list[Any]:
-    return list(islice(iterator, count))
 
 
 costs = st.lists(st.integers(0, 50), min_size=1, max_size=30)

@@ -7,6 +7,8 @@ import threading
 from typing import Any
 
 import pytest
+from _profiles import examples
+from _streams import drain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,18 +36,13 @@ class Chunks:
         return [f"{index}.{line}" for line in range(self.sizes[index])]
 
 
-def drain(pipeline: it.CheckpointableIterator[Any], into: list[Any]) -> None:
-    for item in pipeline:
-        into.append(item)
-
-
 def flat(source: list[Any], selector: Any, read_ahead: int) -> it.SelectManyIterator:
     return it.SelectManyIterator(
         it.NativeCheckpointableIterator(source), selector, read_ahead=read_ahead
     )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(0.6))
 @given(
     sizes=st.lists(st.integers(0, 5), max_size=8),
     read_ahead=st.integers(1, 4),
@@ -146,7 +143,7 @@ def test_close_waits_for_reads_in_flight() -> None:
         next(pipeline)
 
 
-def test_bad_read_ahead() -> None:
+def test_a_negative_read_ahead_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match="SelectManyIterator: read_ahead must be >= 0, got -1"):
         flat([1], None, -1)
 

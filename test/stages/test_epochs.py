@@ -1,4 +1,4 @@
-"""`chunked_dataset_iterator(..., epochs=n)`: n shuffled passes, then the end (issue 10).
+"""`chunked_dataset_iterator(..., epochs=n)`: n shuffled passes, then the end.
 
 What is identical to the endless stream (same arguments, epochs=None): the chunk sequence
 of every rank (its first chunks) and every item but the last at most `buffer_size` (the
@@ -9,13 +9,14 @@ including at and after the end, and a state of another `epochs` is refused.
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from _profiles import examples
+from _streams import take
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,10 +36,6 @@ def pipeline(corpus: Corpus, **kwargs: Any) -> CheckpointableIterator[Any]:
     return chunked_dataset_iterator(list(range(len(corpus))), corpus.__getitem__, **kwargs)
 
 
-def take(iterator: CheckpointableIterator[Any], n: int) -> list[Any]:
-    return list(itertools.islice(iterator, n))
-
-
 def suffix(item: str) -> str:
     return item + "!"
 
@@ -54,7 +51,6 @@ STREAMS = dict(
 )
 
 
-@settings(max_examples=100, deadline=None)
 @given(
     sizes=st.lists(st.integers(0, 6), min_size=1, max_size=7),
     shuffle=st.booleans(),
@@ -106,7 +102,7 @@ def test_all_ranks_together_read_the_corpus_epochs_times_and_resume_anywhere(
         assert list(fresh) == stream[position:], f"restored at item {position}"
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(0.6))
 @given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=7), **STREAMS)  # endless: no empties
 def test_the_stream_is_the_endless_one_but_for_its_last_shuffle_buffer(
     sizes: list[int],

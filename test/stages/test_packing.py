@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _items import packed_lists
+from _profiles import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,7 +30,7 @@ from infinibatch_like.distributed.elastic import elastic_state
 from infinibatch_like.distributed.sharded import ShardedIterator
 from infinibatch_like.testing import assert_checkpointable, check_resume
 
-PROPERTY = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=examples(0.8), suppress_health_check=[HealthCheck.too_slow])
 
 documents = st.lists(st.lists(st.integers(1, 999), max_size=40), max_size=60)
 options = st.fixed_dictionaries(
@@ -237,7 +239,7 @@ def test_random_checkpoints_resume_the_next_fifty_sequences(kwargs: dict[str, An
         assert got == reference[point + 1 : point + 51], point
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(0.4), suppress_health_check=[HealthCheck.too_slow])
 @given(
     docs=documents,
     seq_len=st.integers(1, 16),
@@ -387,10 +389,6 @@ def test_damaged_states_are_refused_naming_the_field() -> None:
 
 
 # -- the checkpoint contract, shards, workers -----------------------------------------------
-
-
-def packed_lists(sequence: Any) -> tuple[list[Any], ...]:
-    return tuple(value.tolist() for value in sequence.values())
 
 
 @pytest.mark.parametrize(

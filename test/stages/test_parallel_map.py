@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _leaks import open_fds, open_pipes
+from _items import lock_at_5
+from _leaks import children, open_fds, open_pipes
+from _streams import drain, native, split_by_checkpoint
 
 import infinibatch_like.iterators as it
 from infinibatch_like import WorkerError
@@ -73,19 +75,6 @@ class FailingSource(it.NativeCheckpointableIterator):
             yield item
 
 
-def native(n: int) -> it.NativeCheckpointableIterator:
-    return it.NativeCheckpointableIterator(list(range(n)))
-
-
-def drain(pipeline: Any, sink: list[Any]) -> None:
-    for item in pipeline:
-        sink.append(item)
-
-
-def children() -> list[Any]:
-    return multiprocessing.active_children()
-
-
 @pytest.mark.parametrize(("processes", "per_process"), [(1, 1), (2, 3), (3, 7), (2, 100)])
 def test_same_output_as_map_iterator_with_exact_restores(processes: int, per_process: int) -> None:
     expected = list(it.MapIterator(native(150), square))
@@ -113,7 +102,7 @@ def test_same_output_as_map_iterator_with_exact_restores(processes: int, per_pro
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_every_start_method(method: str) -> None:
+def test_every_start_method_gives_the_items_and_resumes_exactly(method: str) -> None:
     source = it.NativeCheckpointableIterator(["a b", "c", "d e f"] * 10)
     with it.ParallelMapIterator(source, tokens, 2, 4, start_method=method) as pipeline:
         first = [next(pipeline) for _ in range(7)]
@@ -162,7 +151,7 @@ def test_tasks_in_flight_bounds_what_is_read_ahead(
         assert list(stage) == [x * x for x in range(1, 100)]
 
 
-def test_argument_errors() -> None:
+def test_bad_arguments_are_refused_naming_the_argument() -> None:
     with pytest.raises(ValueError, match="tasks_in_flight must be >= 1, got 0"):
         it.ParallelMapIterator(native(3), square, 1, 1, tasks_in_flight=0)
     with pytest.raises(ValueError, match="num_processes"):
@@ -236,13 +225,7 @@ def test_nested_inside_and_around_a_process_prefetcher() -> None:
         )
 
     for make in (inside, around):
-        with make() as pipeline:
-            head = [next(pipeline) for _ in range(45)]
-            state = pipeline.getstate()
-        assert head == expected[:45]
-        with make() as fresh:
-            fresh.setstate(state)
-            assert list(fresh) == expected[45:]
+        assert split_by_checkpoint(make, 45) == (expected[:45], expected[45:])
         assert not children()
 
 
@@ -321,11 +304,6 @@ def test_spawned_workers_leak_no_semaphores_or_warnings(tmp_path: Path) -> None:
     assert done.stdout.strip() == "ok"
     assert "leaked" not in done.stderr, done.stderr
     assert "Warning" not in done.stderr, done.stderr
-
-
-def lock_at_5(x: int) -> Any:
-    """Item 5's output cannot be pickled."""
-    return threading.Lock() if x == 5 else x
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -18,7 +18,11 @@ import traceback
 from typing import Any
 
 import pytest
-from _leaks import open_fds, open_pipes
+from _items import lock_at_5
+from _leaks import children, open_fds, open_pipes
+from _profiles import examples
+from _streams import drain, split_by_checkpoint
+from _waiting import wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -82,17 +86,8 @@ def expected_lines() -> list[str]:
     return [line for chunk in LINES for line in chunk]
 
 
-def drain(pipeline: Any, sink: list[Any]) -> None:
-    for item in pipeline:
-        sink.append(item)
-
-
 def shm_entries() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-
-
-def children() -> list[Any]:
-    return multiprocessing.active_children()
 
 
 @pytest.mark.parametrize(
@@ -131,7 +126,7 @@ def test_thread_mode_and_replay_bound() -> None:
     assert [t for t in threading.enumerate() if t.name.startswith("infinibatch_like")] == []
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(0.4))
 @given(
     length=st.integers(0, 400),
     buffer_size=st.integers(1, 600),
@@ -166,7 +161,7 @@ def test_work_happens_in_another_process_or_thread() -> None:
     assert os.getpid() not in pids
 
 
-def test_argument_errors() -> None:
+def test_bad_arguments_are_refused_naming_the_argument() -> None:
     source = it.NativeCheckpointableIterator([1, 2])
     for bad in (0, -3):
         with pytest.raises(ValueError, match="buffer_size"):
@@ -282,13 +277,7 @@ def test_nested_prefetchers_restore_and_close_in_order() -> None:
     def make() -> PrefetchIterator:
         return PrefetchIterator(chunk_pipeline(every=3), 4, snapshot_every=5)
 
-    with make() as pipeline:
-        first = [next(pipeline) for _ in range(11)]
-        state = pipeline.getstate()
-    assert first == expected[:11]
-    with make() as fresh:
-        fresh.setstate(state)
-        assert list(fresh) == expected[11:]
+    assert split_by_checkpoint(make, 11) == (expected[:11], expected[11:])
     assert not children()
 
 
@@ -309,7 +298,7 @@ def test_tensors_and_arrays_pass_between_processes() -> None:
     assert not children()
 
 
-def test_pickled_prefetcher_continues() -> None:
+def test_a_pickled_prefetcher_continues_the_stream() -> None:
     pipeline = chunk_pipeline()
     head = [next(pipeline) for _ in range(7)]
     copied = pickle.loads(pickle.dumps(pipeline))
@@ -460,7 +449,8 @@ def test_a_worker_process_keeps_about_buffer_size_big_items_ready() -> None:
     source = it.MapIterator(it.NativeCheckpointableIterator(list(range(1000))), counted_blob)
     with PrefetchIterator(source, 64, start_method="fork") as pipeline:
         next(pipeline)
-        before, deadline = -1, time.monotonic() + 10
+        assert wait_until(lambda: PRODUCED.value >= 64)
+        before, deadline = -1, time.monotonic() + 10  # then until it stops producing
         while PRODUCED.value != before and time.monotonic() < deadline:
             before = PRODUCED.value
             time.sleep(0.3)
@@ -468,10 +458,6 @@ def test_a_worker_process_keeps_about_buffer_size_big_items_ready() -> None:
         # taken, the one blocked in put and the message being written.
         assert 64 <= PRODUCED.value <= 64 + 8
         assert [int.from_bytes(b[:4], "little") for b in pipeline] == list(range(1, 1000))
-
-
-def lock_at_5(x: int) -> Any:
-    return threading.Lock() if x == 5 else x
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from _profiles import examples
+from _streams import roundtrip
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,10 +26,6 @@ from infinibatch_like.stages.bad_records import (
     SkipPolicy,
     skip_ledgers,
 )
-
-
-def roundtrip(state: Any) -> Any:
-    return json.loads(json.dumps(state))
 
 
 class Parse:
@@ -75,7 +73,7 @@ policies = st.builds(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(0.6))
 @given(
     n=st.integers(0, 40),
     bad=st.sets(st.integers(0, 39), max_size=12),

@@ -3,11 +3,12 @@ without running the transforms of the maps above the skipped items' source."""
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
 import pytest
+from _profiles import examples
+from _streams import roundtrip
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,16 +16,11 @@ import infinibatch_like.iterators as it
 from infinibatch_like import StateMismatchError
 from infinibatch_like.stages.skipping import SkipIterator
 
-
-def roundtrip(state: Any) -> Any:
-    return json.loads(json.dumps(state))
-
-
 ranges = st.lists(st.tuples(st.integers(0, 30), st.integers(1, 8)).map(
     lambda pair: (pair[0], pair[0] + pair[1])), max_size=4)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(0.6))
 @given(n=st.integers(0, 30), skip=ranges, point=st.integers(0, 30))
 def test_skips_exactly_the_ranges_and_restores_exactly(
     n: int, skip: list[tuple[int, int]], point: int

@@ -15,13 +15,15 @@ from functools import partial
 from typing import Any
 
 import pytest
+from _profiles import examples
+from _streams import take
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import infinibatch_like.iterators as it
 from infinibatch_like import StateMismatchError
 
-PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=examples(1.5), suppress_health_check=[HealthCheck.too_slow])
 
 weight_values = st.one_of(
     st.integers(0, 12),
@@ -46,10 +48,6 @@ def mixer(
     return it.WeightedMultiplexIterator(
         [tagged(index, size) for index, size in enumerate(sizes)], weights, **kwargs
     )
-
-
-def take(iterator: Any, count: int) -> list[Any]:
-    return [item for item, _ in zip(iterator, range(count), strict=False)]
 
 
 def assert_low_discrepancy(sources: list[int], weights: list[float]) -> None:

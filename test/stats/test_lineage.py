@@ -8,6 +8,7 @@ from itertools import islice
 from typing import Any
 
 import pytest
+from _streams import ChunkReader
 
 import infinibatch_like.iterators as it
 from infinibatch_like import PackingIterator, TokenBudgetMultiplexIterator
@@ -38,8 +39,7 @@ REFS = sorted(CHUNKS)
 BOS, EOS = 1, 2
 
 
-def read_chunk(ref: str) -> list[str]:
-    return CHUNKS[ref]
+read_chunk = ChunkReader(CHUNKS)
 
 
 def tokenize(line: str) -> list[int]:

@@ -12,7 +12,10 @@ from typing import Any
 
 import pytest
 from _counting import Counter
+from _items import add_one
+from _profiles import examples
 from _recipes import build_source, build_stage, recipes
+from _waiting import wait_until
 from conftest import S3Bucket
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,16 +23,13 @@ from hypothesis import strategies as st
 import infinibatch_like.iterators as it
 from infinibatch_like import stats
 from infinibatch_like._core.graph import stages, walk
+from infinibatch_like._core.probe import REPORT_S
 from infinibatch_like._core.stage import Stage
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.io import read_lines
 from infinibatch_like.testing import assert_checkpointable
 
 SLOW_S = 0.002
-
-
-def add_one(x: int) -> int:
-    return x + 1
 
 
 def slow(x: int) -> int:
@@ -95,7 +95,7 @@ def test_report_names_the_slow_stage(background: str | None, method: Any) -> Non
     busiest = stats.limiting(entries)
     assert busiest is not None
     assert busiest["path"] == slow_path, text
-    assert busiest["share"] > 0.8, text
+    assert busiest["share"] > 0.5, text  # more than all other stages together
     assert 0.9 * 120 * SLOW_S <= busiest["self_s"] <= busiest["wall_s"]  # slept, timed exactly
     assert f"data-bound; limiting stage: {slow_path}" in text
     # every item was counted, also those counted in a worker process and sent back
@@ -123,10 +123,10 @@ def test_parallel_map_workers_busy_time_names_the_parallel_map() -> None:
 
 
 def test_training_loop_bound_pipeline_is_called_so() -> None:
-    pipeline = it.MapIterator(it.NativeCheckpointableIterator(list(range(40))), add_one)
+    pipeline = it.MapIterator(it.NativeCheckpointableIterator(list(range(20))), add_one)
     stats.enable(pipeline)
     for _ in pipeline:
-        time.sleep(SLOW_S)  # the "training step"
+        time.sleep(10 * SLOW_S)  # the "training step": 20 ms, against microseconds of data
     entries = stats.collect(pipeline)
     assert stats.consumer_wait_share(entries) < 0.05
     assert "the training loop is the limit, not the data" in stats.report(pipeline)
@@ -219,7 +219,7 @@ def test_contract_holds_with_statistics_on(index: int) -> None:
 # -- counters add up -----------------------------------------------------------------------
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(0.4), suppress_health_check=[HealthCheck.too_slow])
 @given(
     recipe=recipes(),
     sample_every=st.integers(1, 9),
@@ -400,8 +400,10 @@ def test_rare_long_steps_are_timed_in_full(read_ahead: int) -> None:
     entries = stats.collect(pipeline)
     reading = entries[2]
     assert reading["stage"] == "SelectManyIterator"
-    if read_ahead == 0:  # the reads happen in this thread: all of their time is counted
-        assert reading["self_s"] == pytest.approx(sum(READ_TIMES), rel=0.2)
+    if read_ahead == 0:  # the reads happen in this thread: all of their time is counted,
+        # once: a read missed by the sampling would leave less, a sampled read scaled up as
+        # if every pull were that slow many times more (the rest is 12,000 cheap items)
+        assert sum(READ_TIMES) <= reading["self_s"] < 2 * sum(READ_TIMES)
         busiest = stats.limiting(entries)
         assert busiest is not None
         assert busiest["stage"] == "SelectManyIterator"
@@ -413,16 +415,13 @@ def test_rare_long_steps_are_timed_in_full(read_ahead: int) -> None:
 # -- gauges: buffers and workers, read at collect time -------------------------------------
 
 
-def wait_for(condition: Any, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
-
-
 def entry_of(pipeline: it.CheckpointableIterator[Any], stage: str) -> Any:
     (entry,) = [e for e in stats.collect(pipeline) if e["stage"] == stage]
     return entry
+
+
+def in_flight(pipeline: it.CheckpointableIterator[Any], stage: str) -> int:
+    return int(entry_of(pipeline, stage)["in_flight"])
 
 
 def chunk_of(chunk: int) -> list[int]:
@@ -435,7 +434,7 @@ def test_read_ahead_full_when_the_consumer_stops_pulling() -> None:
     pipeline = it.SelectManyIterator(chunks, chunk_of, read_ahead=3)
     stats.enable(pipeline)
     assert next(pipeline) == 0
-    wait_for(lambda: entry_of(pipeline, "SelectManyIterator")["in_flight"] == 0, "the reads")
+    assert wait_until(lambda: in_flight(pipeline, "SelectManyIterator") == 0), "the reads"
     entry = entry_of(pipeline, "SelectManyIterator")
     assert entry["queue_fill"] == 1.0  # chunks 1, 2, 3 read and waiting
     assert entry["workers"] == 4  # three ahead, and chunk 0's reader
@@ -449,7 +448,8 @@ def test_read_ahead_full_when_the_consumer_stops_pulling() -> None:
 
 class GatedReader:
     """Reads chunk 0 at once and the others once `gate` is open (a threading.Event, or a
-    file's path when the reader runs in a worker process)."""
+    file's path when the reader runs in a worker process: then it creates the file
+    ``{gate}-{chunk}`` once through the gate)."""
 
     def __init__(self, gate: Any, item: Any = None) -> None:
         self.gate, self.item = gate, item
@@ -459,6 +459,8 @@ class GatedReader:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and not self._open():
                 time.sleep(0.005)
+            if not hasattr(self.gate, "is_set"):
+                Path(f"{self.gate}-{chunk}").touch()
         if self.item is not None:
             return [self.item] * 40
         return list(range(10 * chunk, 10 * chunk + 10))
@@ -486,8 +488,8 @@ def test_a_slow_reader_shows_chunks_in_flight(prefetch: bool) -> None:
         try:
             stats.enable(pipeline)
             assert next(pipeline) == 0
-            reading = lambda: entry_of(pipeline, "SelectManyIterator")["in_flight"]  # noqa: E731
-            wait_for(lambda: reading() == expected, f"{expected} chunks being read")
+            reading = lambda: in_flight(pipeline, "SelectManyIterator")  # noqa: E731
+            assert wait_until(lambda: reading() == expected), f"{expected} chunks being read"
             time.sleep(0.05)
             entry = entry_of(pipeline, "SelectManyIterator")
             assert (entry["queue_fill"], entry["in_flight"]) == (0.0, expected)
@@ -519,15 +521,17 @@ def test_read_ahead_gauges_come_back_from_a_worker_process(
         entry = entry_of(pipeline, "SelectManyIterator")
         assert entry["runs_in"] == "worker process of PrefetchIterator"
         assert (entry["queue_fill"], entry["in_flight"], entry["workers"]) == (0.0, 2, 3)
-        time.sleep(0.3)
+        time.sleep(0.3)  # chunks 1 and 2 wait for the gate: at least 0.3 s of reading each
         gate.touch()
-        time.sleep(0.3)  # chunks 1 and 2 are read while the worker waits for room
+        # chunks 1 and 2 are read while the worker waits for room; its next report is due
+        assert wait_until(lambda: all(Path(f"{gate}-{chunk}").exists() for chunk in (1, 2)))
+        time.sleep(REPORT_S)
         taken = 1
         while entry_of(pipeline, "SelectManyIterator")["queue_fill"] != 1.0:
             next(pipeline)  # the worker goes on in chunk 0 and reports now and then
             taken += 1
             assert taken < 40, "no report of a full read-ahead while in chunk 0"
-        assert entry_of(pipeline, "SelectManyIterator")["in_flight"] == 0
+        assert in_flight(pipeline, "SelectManyIterator") == 0
         assert sum(1 for _ in pipeline) == 160 - taken
         entry = entry_of(pipeline, "SelectManyIterator")
     assert (entry["queue_fill"], entry["in_flight"]) == (0.0, 0)  # as sent with the end
@@ -552,14 +556,14 @@ def test_prefetch_items_in_flight(mode: str, start_method: str | None, in_main: 
         stats.enable(pipeline)
         assert [next(pipeline) for _ in range(3)] == [0, 1, 2]
         # the worker produces the rest, which waits for the consumer
-        wait_for(lambda: entry_of(pipeline, "PrefetchIterator")["in_flight"] == 27, "27 items")
+        assert wait_until(lambda: in_flight(pipeline, "PrefetchIterator") == 27), "27 items"
         assert entry_of(pipeline, "PrefetchIterator")["queue_fill"] == pytest.approx(0.27)
         assert [next(pipeline) for _ in range(5)] == [3, 4, 5, 6, 7]
-        assert entry_of(pipeline, "PrefetchIterator")["in_flight"] == 22
+        assert in_flight(pipeline, "PrefetchIterator") == 22
         state = pipeline.getstate()
         pipeline.setstate(state)  # a restarted worker counts from its restart
         assert next(pipeline) == 8
-        wait_for(lambda: entry_of(pipeline, "PrefetchIterator")["in_flight"] == 21, "21 items")
+        assert wait_until(lambda: in_flight(pipeline, "PrefetchIterator") == 21), "21 items"
         assert list(pipeline) == list(range(9, 30))
         entry = entry_of(pipeline, "PrefetchIterator")
     assert (entry["queue_fill"], entry["in_flight"]) == (0.0, 0)
@@ -570,10 +574,10 @@ def test_a_full_thread_prefetch_counts_the_batch_being_taken() -> None:
     with pipeline:
         stats.enable(pipeline)
         next(pipeline)  # batches of 1, then of 2: four of them fill the 4 slots
-        wait_for(lambda: entry_of(pipeline, "PrefetchIterator")["in_flight"] == 8, "8 items")
+        assert wait_until(lambda: in_flight(pipeline, "PrefetchIterator") == 8), "8 items"
         assert entry_of(pipeline, "PrefetchIterator")["queue_fill"] == 1.0
         next(pipeline)  # half of a batch taken: its other item, and a new batch in the queue
-        wait_for(lambda: entry_of(pipeline, "PrefetchIterator")["in_flight"] == 9, "9 items")
+        assert wait_until(lambda: in_flight(pipeline, "PrefetchIterator") == 9), "9 items"
         assert entry_of(pipeline, "PrefetchIterator")["queue_fill"] == 1.0
 
 

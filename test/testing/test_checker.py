@@ -1,5 +1,6 @@
-"""The public checker: the contract as a table of rules, each flaw of a user's own iterator
-caught naming its rule, and exemptions that name the rule and say why."""
+"""The public checker: the contract as a table of rules, each way a user's own iterator can
+break it (keys, aliased states, closed positions, hangs, errors, arguments) caught naming
+its rule, and exemptions that name the rule and say why."""
 
 from __future__ import annotations
 

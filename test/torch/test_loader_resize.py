@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+from _streams import ChunkReader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from infinibatch_like import StateMismatchError
@@ -41,8 +42,7 @@ ITEMS = sorted(item for chunk in CORPUS for item in chunk)
 SHARDS = 8
 
 
-def read_chunk(chunk: int) -> list[str]:
-    return CORPUS[chunk]
+read_chunk = ChunkReader(CORPUS)
 
 
 def shard_pass(shard: int, num_shards: int) -> CheckpointableIterator[str]:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
@@ -49,7 +50,7 @@ from infinibatch_like.torch import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-PROPERTY = settings(max_examples=150, deadline=None)
+PROPERTY = settings(max_examples=examples(1.5))
 # torchdata 0.11 calls a torch function that torch 2.13 deprecates: not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 
@@ -164,7 +165,7 @@ def test_numpy_padding_works_without_torch() -> None:
 # -- readers ---------------------------------------------------------------------------------
 
 
-def test_reader_arithmetic() -> None:
+def test_each_worker_of_each_rank_is_its_own_reader() -> None:
     assert reader_identity(0, 1, 0, 1) == (0, 1)
     assert [reader_identity(1, 3, worker, 2) for worker in range(2)] == [(2, 6), (3, 6)]
     dataset = CheckpointableDataset(training_pipeline, rank=2, world_size=3)
@@ -426,7 +427,7 @@ def test_truncating_and_fixed_width(items: list[list[int]], max_length: int, fix
             pad_batch(items, max_length=max_length)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(0.4))
 @given(items=sequences, with_mask=st.booleans())
 def test_tensors_equal_the_arrays(items: list[list[int]], with_mask: bool) -> None:
     arrays = pad_batch(items, pad_value=-1, with_mask=with_mask)
