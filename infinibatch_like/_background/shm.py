@@ -88,8 +88,8 @@ class _Mapping:
 
     __slots__ = ("_flag", "_received", "address", "length", "pid")
 
-    def __init__(self, fd: int, length: int) -> None:
-        address = _libc.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    def __init__(self, fd: int, length: int, sharing: int = mmap.MAP_SHARED) -> None:
+        address = _libc.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, sharing, fd, 0)
         if address is None or address == _MAP_FAILED:
             error = ctypes.get_errno()
             raise OSError(error, f"cannot map a shared-memory segment: {os.strerror(error)}")
@@ -153,8 +153,9 @@ def _view_type(size: int, releasing: bool) -> Any:
     return type(f"segment_view_{size}", (ctypes.c_char * size,), namespace)
 
 
-def _mapped(name: str, length: int, flags: int) -> _Mapping:
-    """Open (`flags`: os.O_CREAT... to create it) and map the segment `name`."""
+def _mapped(name: str, length: int, flags: int, sharing: int = mmap.MAP_SHARED) -> _Mapping:
+    """Open (`flags`: os.O_CREAT... to create it) and map the segment `name`; `sharing`:
+    ``mmap.MAP_PRIVATE`` for a copy-on-write view of it (writes stay in this process)."""
     fd = _posixshmem.shm_open("/" + name, flags, 0o600)
     try:
         if flags & os.O_CREAT:
@@ -162,7 +163,7 @@ def _mapped(name: str, length: int, flags: int) -> _Mapping:
             # Reserve the pages now: on a full /dev/shm (a container's 64 MiB), writing to
             # a page that cannot be allocated kills the process with SIGBUS.
             os.posix_fallocate(fd, 0, length)
-        return _Mapping(fd, length)
+        return _Mapping(fd, length, sharing)
     finally:
         os.close(fd)
 
@@ -183,7 +184,45 @@ class _Segment:
         self.name, self.capacity = name, capacity
 
 
-class Outgoing:
+class Sender:
+    """What `_Pickler` puts large arrays and tensors through: `space` gives the bytes
+    for an array's copy and the reference the receiver maps them by; `array_loader` and
+    `tensor_loader` rebuild the array or tensor from that reference."""
+
+    array_loader: Callable[..., Any]
+    tensor_loader: Callable[..., Any]
+
+    def space(self, size: int) -> tuple[Any, Any] | None:
+        """A writable buffer of `size` bytes in a segment and its reference, or None."""
+        raise NotImplementedError
+
+    def put(self, obj: Any, np: Any) -> Any:
+        """The reduction of numpy array `obj` through a segment, or NotImplemented."""
+        taken = self.space(obj.nbytes)
+        if taken is None:
+            return NotImplemented
+        buffer, reference = taken
+        fortran = obj.flags.f_contiguous and not obj.flags.c_contiguous
+        order = "F" if fortran else "C"
+        np.ndarray(obj.shape, obj.dtype, buffer, order=order)[...] = obj
+        dtype = obj.dtype
+        plain = dtype.fields is None and dtype.subdtype is None and dtype.metadata is None
+        return self.array_loader, (reference, dtype.str if plain else dtype, obj.shape, order)
+
+    def put_tensor(self, tensor: Any, torch: Any, np: Any) -> Any:
+        """The reduction of CPU tensor `tensor` through a segment, or NotImplemented."""
+        shape, strides = tuple(tensor.shape), tuple(tensor.stride())
+        extent = 1 + sum((size - 1) * stride for size, stride in zip(shape, strides, strict=False))
+        span = tensor.as_strided((extent,), (1,), tensor.storage_offset())
+        raw = span.view(torch.uint8).numpy()
+        reduced = self.put(raw, np)
+        if reduced is NotImplemented:
+            return NotImplemented
+        reference = reduced[1][0]
+        return self.tensor_loader, (reference, tensor.dtype, shape, strides)
+
+
+class Outgoing(Sender):
     """The segments of one sender (one pipe): at most `MAX_SEGMENTS` and `MAX_BYTES`."""
 
     def __init__(self, max_unread: int | None = None) -> None:
@@ -206,6 +245,7 @@ class Outgoing:
         self._file = io.BytesIO()
         self._pickler = _Pickler(self._file, self)
         """Reused from message to message (making one costs as much as a small message)."""
+        self.array_loader, self.tensor_loader = _attach_array, _attach_tensor
 
     def _unread(self) -> int:
         sending = self._sending
@@ -246,34 +286,15 @@ class Outgoing:
         self._newest = segment.name
         return segment
 
-    def put(self, obj: Any, np: Any) -> Any:
-        """The reduction of numpy array `obj` through a segment, or NotImplemented."""
-        segment = self._take(obj.nbytes)
+    def space(self, size: int) -> tuple[Any, Any] | None:
+        segment = self._take(size)
         if segment is None:
-            return NotImplemented
-        fortran = obj.flags.f_contiguous and not obj.flags.c_contiguous
-        order = "F" if fortran else "C"
-        buffer = segment.memory.buffer(HEADER, obj.nbytes)
-        np.ndarray(obj.shape, obj.dtype, buffer, order=order)[...] = obj
+            return None
         segment.memory.received, segment.memory.flag = 0, 1
         self._sending.append(segment)
         retired, self._retired = tuple(self._retired), []
-        reference = (segment.name, segment.capacity, obj.nbytes, retired)
-        dtype = obj.dtype
-        plain = dtype.fields is None and dtype.subdtype is None and dtype.metadata is None
-        return _attach_array, (reference, dtype.str if plain else dtype, obj.shape, order)
-
-    def put_tensor(self, tensor: Any, torch: Any, np: Any) -> Any:
-        """The reduction of CPU tensor `tensor` through a segment, or NotImplemented."""
-        shape, strides = tuple(tensor.shape), tuple(tensor.stride())
-        extent = 1 + sum((size - 1) * stride for size, stride in zip(shape, strides, strict=False))
-        span = tensor.as_strided((extent,), (1,), tensor.storage_offset())
-        raw = span.view(torch.uint8).numpy()
-        reduced = self.put(raw, np)
-        if reduced is NotImplemented:
-            return NotImplemented
-        reference = reduced[1][0]
-        return _attach_tensor, (reference, tensor.dtype, shape, strides)
+        reference = (segment.name, segment.capacity, size, retired)
+        return segment.memory.buffer(HEADER, size), reference
 
     def encode(self, obj: Any) -> bytes:
         """`obj` pickled, its large arrays and tensors through segments; if pickling
@@ -318,7 +339,7 @@ class Outgoing:
 class _Pickler(pickle.Pickler):
     """Pickles large numpy arrays and CPU tensors through an `Outgoing`'s segments."""
 
-    def __init__(self, file: io.BytesIO, outgoing: Outgoing) -> None:
+    def __init__(self, file: io.BytesIO, outgoing: Sender) -> None:
         super().__init__(file, PROTOCOL)
         self._outgoing = outgoing
 
@@ -361,14 +382,23 @@ def encode(obj: Any, outgoing: Outgoing | None) -> bytes:
 _MAPPED: dict[str, _Mapping] = {}
 """This process's mappings of the segments it received, by name."""
 
-os.register_at_fork(after_in_child=_MAPPED.clear)
+_PID = [os.getpid()]
+"""This process's pid (`os.getpid` is a system call)."""
+
+
+def _after_fork_in_child() -> None:
+    _MAPPED.clear()
+    _PID[0] = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _release(memory: _Mapping) -> None:
     """The receiver dropped its last view of a segment: the sender may reuse it (not when
     a forked child drops its copy of the view: the receiver may still hold it)."""
-    if memory.pid == os.getpid():
-        memory.flag = 0
+    if memory.pid == _PID[0]:
+        memory._flag.value = 0
 
 
 def _delivered(reference: tuple[str, int, int, tuple[str, ...]]) -> Any:
@@ -392,27 +422,53 @@ def _delivered(reference: tuple[str, int, int, tuple[str, ...]]) -> Any:
             with contextlib.suppress(FileNotFoundError):
                 _posixshmem.shm_unlink("/" + name)
         _MAPPED[name] = memory
-    memory.received = 1
+    memory._received.value = 1
     return memory.buffer(HEADER, size, releasing=True)
+
+
+_DTYPES: dict[str, Any] = {}
+"""numpy dtypes by their string (parsing one costs more than building the array)."""
+
+_NDARRAY: list[Any] = []
+"""``numpy.ndarray``, once an array was built (numpy is imported by then)."""
+
+
+def array_over(buffer: Any, dtype: Any, shape: Any, order: str) -> Any:
+    """An array of `shape` and `dtype` (a dtype's ``str``, or a dtype) viewing `buffer`
+    (which the array keeps as its base)."""
+    if not _NDARRAY:
+        import numpy as np
+
+        _NDARRAY.append(np.ndarray)
+    if type(dtype) is str:
+        found = _DTYPES.get(dtype)
+        if found is None:
+            import numpy as np
+
+            found = _DTYPES[dtype] = np.dtype(dtype)
+        dtype = found
+    return _NDARRAY[0](shape, dtype, buffer, 0, None, order)
+
+
+def tensor_over(buffer: Any, dtype: Any, shape: Any, strides: Any) -> Any:
+    """A tensor of `shape`, `strides` and `dtype` viewing `buffer`."""
+    import numpy as np
+    import torch
+
+    raw = torch.from_numpy(np.frombuffer(buffer, np.uint8))
+    return raw.view(dtype).as_strided(shape, strides)
 
 
 def _attach_array(
     reference: tuple[str, int, int, tuple[str, ...]], dtype: Any, shape: Any, order: str
 ) -> Any:
-    import numpy as np
-
-    flat = np.frombuffer(_delivered(reference), dtype)
-    return flat.reshape(shape, order=order)  # type: ignore[call-overload]
+    return array_over(_delivered(reference), dtype, shape, order)
 
 
 def _attach_tensor(
     reference: tuple[str, int, int, tuple[str, ...]], dtype: Any, shape: Any, strides: Any
 ) -> Any:
-    import numpy as np
-    import torch
-
-    raw = torch.from_numpy(np.frombuffer(_delivered(reference), np.uint8))
-    return raw.view(dtype).as_strided(shape, strides)
+    return tensor_over(_delivered(reference), dtype, shape, strides)
 
 
 def forget(pid: int) -> None:
