@@ -485,6 +485,12 @@ def remove_names(pid: int) -> None:
     remove_prefixed(names_prefix(pid))
 
 
+def unlink_name(name: str) -> None:
+    """Remove the name of segment `name` (if it is still there)."""
+    with contextlib.suppress(FileNotFoundError):
+        _posixshmem.shm_unlink("/" + name)
+
+
 def remove_prefixed(prefix: str) -> None:
     """Unlink the segments whose names start with `prefix` (those of a stopped sender)."""
     if not ENABLED:
@@ -494,5 +500,4 @@ def remove_prefixed(prefix: str) -> None:
     except OSError:
         return
     for name in names:
-        with contextlib.suppress(FileNotFoundError):
-            _posixshmem.shm_unlink("/" + name)
+        unlink_name(name)
