@@ -127,7 +127,9 @@ class Server(Resource):
                 return
             index = wanted
             self.hub.connected(index, True)
-            wire.send_frames(connection, ("ok", (self.hub.consumers, self.hub.mode, os.getpid())))
+            prefix = None if self._broadcast is None else self._broadcast.prefix
+            hub = self.hub
+            wire.send_frames(connection, ("ok", (hub.consumers, hub.mode, os.getpid(), prefix)))
             while (frame := self._receive(reader)) is not None:
                 self._mapped(sent)  # a request comes once the previous items are mapped
                 sent = []

@@ -46,6 +46,8 @@ class _Connection:
         self.socket = _connect(address, timeout)
         self.reader = wire.FrameReader(self.socket.fileno())
         self.owner_pid = 0
+        self.shared_prefix: str | None = None
+        """The prefix of the names of the owner's shared-memory segments."""
         self.close = weakref.finalize(self, self.socket.close)
         _CONNECTIONS.add(self)
 
@@ -81,8 +83,9 @@ class _Connection:
 
     def _lost(self) -> NoReturn:
         self.close()
-        if self.owner_pid and not parent_alive(self.owner_pid):  # what it left in /dev/shm
-            shm.remove_prefixed(shm.names_prefix(self.owner_pid))
+        prefix = self.shared_prefix
+        if prefix and not parent_alive(self.owner_pid):  # what it left in /dev/shm
+            shm.remove_prefixed(prefix, tracked=False)
         raise WorkerError(
             f"{NAME}: the owner (pid {self.owner_pid or 'unknown'}) serving "
             f"{self.address} closed or died while consumer {self.index} waited for "
@@ -143,8 +146,8 @@ class RemoteConsumer(FanOutStage[T], Generic[T]):
         self._index, self._prefetch = index, prefetch
         self._connection = connection = _Connection(address, index, timeout)
         self._final: State | None = None
-        self._count, self._mode, connection.owner_pid = connection.call(
-            ("attach", index, os.getpid())
+        self._count, self._mode, connection.owner_pid, connection.shared_prefix = (
+            connection.call(("attach", index, os.getpid()))
         )
         self._iterator = _Remote(connection, prefetch)
 

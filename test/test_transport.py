@@ -351,3 +351,49 @@ def test_a_killed_consumer_leaves_no_segment(method: str, tmp_path: Any) -> None
     consumer.kill()
     consumer.wait()
     assert wait_until(lambda: segments() <= before), segments() - before
+
+
+PAIR = textwrap.dedent(
+    """
+    import sys, time
+    import numpy as np
+    import infinibatch_like.iterators as it
+    from infinibatch_like._background.lifecycle import worker_pids
+
+    def item(i):
+        return np.full(100_000, i)
+
+    if __name__ == "__main__":
+        source = it.MapIterator(it.NativeCheckpointableIterator(list(range(1000))), item)
+        pipeline = it.PrefetchIterator(source, 32, start_method=sys.argv[1])
+        next(pipeline)
+        print(*worker_pids(), flush=True)
+        time.sleep(60)
+    """
+)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_worker_and_its_consumer_killed_at_once_leave_no_segment(
+    method: str, tmp_path: Any
+) -> None:
+    script = tmp_path / "pair.py"
+    script.write_text(PAIR)
+    env = {**os.environ, "PYTHONPATH": REPO}
+    consumer = subprocess.Popen(
+        [sys.executable, str(script), method],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    assert consumer.stdout is not None
+    (worker,) = (int(pid) for pid in consumer.stdout.readline().split())
+    prefix = shm.names_prefix(worker)
+    assert wait_until(lambda: any(name.startswith(prefix) for name in live_segments()))
+    time.sleep(0.5)  # segments wait in the worker's pipe, not mapped
+    for pid in (worker, consumer.pid):  # neither can unlink what the other left
+        os.kill(pid, signal.SIGKILL)
+    consumer.wait()
+    left = lambda: {name for name in live_segments() if name.startswith(prefix)}  # noqa: E731
+    assert wait_until(lambda: not left()), left()

@@ -35,7 +35,6 @@ Linux only (``/dev/shm``); elsewhere everything is pickled.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import io
@@ -46,6 +45,7 @@ import secrets
 import sys
 import time
 from collections.abc import Callable
+from multiprocessing import resource_tracker
 from typing import Any
 
 try:
@@ -76,6 +76,32 @@ PROTOCOL = pickle.HIGHEST_PROTOCOL
 def names_prefix(pid: int) -> str:
     """The prefix of the names of the segments that process `pid` creates."""
     return f"ibl_{pid}_"
+
+
+def share_tracker() -> None:
+    """Start multiprocessing's resource tracker in this process if it is not running, so
+    that the worker processes started next share it (forked ones inherit it; spawned
+    ones are given it by multiprocessing)."""
+    if ENABLED:
+        resource_tracker.ensure_running()
+
+
+def _track(name: str) -> None:
+    """Register segment `name` with the resource tracker, which unlinks it if every
+    process that shares the tracker dies before one of them unlinks it."""
+    resource_tracker.register("/" + name, "shared_memory")
+
+
+def unlink_name(name: str, tracked: bool = True) -> None:
+    """Remove the name of segment `name` if it is still there; `tracked`: it was
+    registered with the resource tracker (`_track`), and is unregistered by whichever
+    process unlinks it."""
+    try:
+        _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        return
+    if tracked:
+        resource_tracker.unregister("/" + name, "shared_memory")
 
 
 class _Mapping:
@@ -174,13 +200,14 @@ def _mapped(name: str, length: int, flags: int, sharing: int = mmap.MAP_SHARED) 
 class _Segment:
     __slots__ = ("capacity", "memory", "name")
 
-    def __init__(self, name: str, capacity: int) -> None:
+    def __init__(self, name: str, capacity: int, tracked: bool = True) -> None:
         try:
             self.memory = _mapped(name, HEADER + capacity, os.O_CREAT | os.O_EXCL | os.O_RDWR)
         except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                _posixshmem.shm_unlink("/" + name)
+            unlink_name(name, tracked=False)  # not registered yet
             raise
+        if tracked:
+            _track(name)
         self.name, self.capacity = name, capacity
 
 
@@ -311,7 +338,7 @@ class Outgoing(Sender):
                 segment.memory.flag = 0
             for segment in self._fresh:  # never sent: gone again
                 self._segments.remove(segment)
-                _posixshmem.shm_unlink("/" + segment.name)
+                unlink_name(segment.name)
                 segment.memory.close()
             self._newest, self._retired = newest, retired
             raise
@@ -332,8 +359,7 @@ class Outgoing(Sender):
         """Unlink the names of the segments that the receiver has not mapped (safe from
         any thread, any number of times; what is mapped stays valid)."""
         for segment in list(self._segments):
-            with contextlib.suppress(FileNotFoundError):
-                _posixshmem.shm_unlink("/" + segment.name)
+            unlink_name(segment.name)
 
 
 class _Pickler(pickle.Pickler):
@@ -419,8 +445,7 @@ def _delivered(reference: tuple[str, int, int, tuple[str, ...]]) -> Any:
                 "was stopped before its message was read)"
             ) from None
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                _posixshmem.shm_unlink("/" + name)
+            unlink_name(name)
         _MAPPED[name] = memory
     memory._received.value = 1
     return memory.buffer(HEADER, size, releasing=True)
@@ -485,14 +510,9 @@ def remove_names(pid: int) -> None:
     remove_prefixed(names_prefix(pid))
 
 
-def unlink_name(name: str) -> None:
-    """Remove the name of segment `name` (if it is still there)."""
-    with contextlib.suppress(FileNotFoundError):
-        _posixshmem.shm_unlink("/" + name)
-
-
-def remove_prefixed(prefix: str) -> None:
-    """Unlink the segments whose names start with `prefix` (those of a stopped sender)."""
+def remove_prefixed(prefix: str, tracked: bool = True) -> None:
+    """Unlink the segments whose names start with `prefix` (those of a stopped sender;
+    `tracked`: see `unlink_name`)."""
     if not ENABLED:
         return
     try:
@@ -500,4 +520,4 @@ def remove_prefixed(prefix: str) -> None:
     except OSError:
         return
     for name in names:
-        unlink_name(name)
+        unlink_name(name, tracked)

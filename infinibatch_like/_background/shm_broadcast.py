@@ -42,7 +42,7 @@ class Broadcast(shm.Sender):
     def space(self, size: int) -> tuple[Any, Any] | None:
         name = f"{self.prefix}{self._created}"
         try:
-            segment = shm._Segment(name, size)
+            segment = shm._Segment(name, size, tracked=False)
         except OSError:  # no room in /dev/shm: pickled in the message
             return None
         self._created += 1
@@ -72,7 +72,7 @@ class Broadcast(shm.Sender):
 def unlink(names: list[str]) -> None:
     """Remove the names of segments of a `Broadcast` (those mapped stay valid)."""
     for name in names:
-        shm.unlink_name(name)
+        shm.unlink_name(name, tracked=False)
 
 
 def _mapped(reference: tuple[str, int]) -> Any:
@@ -95,4 +95,3 @@ def _attach_array(reference: tuple[str, int], dtype: Any, shape: Any, order: str
 
 def _attach_tensor(reference: tuple[str, int], dtype: Any, shape: Any, strides: Any) -> Any:
     return shm.tensor_over(_mapped(reference), dtype, shape, strides)
-
