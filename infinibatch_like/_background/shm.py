@@ -169,6 +169,7 @@ _libc.mmap.argtypes = [
 ]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
+_POPULATE: int = getattr(mmap, "MAP_POPULATE", 0)
 
 
 @functools.lru_cache(maxsize=256)
@@ -189,6 +190,7 @@ def _mapped(name: str, length: int, flags: int, sharing: int = mmap.MAP_SHARED) 
             # Reserve the pages now: on a full /dev/shm (a container's 64 MiB), writing to
             # a page that cannot be allocated kills the process with SIGBUS.
             os.posix_fallocate(fd, 0, length)
+            sharing |= _POPULATE  # its creator writes it all: no fault per page
         return _Mapping(fd, length, sharing)
     finally:
         os.close(fd)
