@@ -19,8 +19,11 @@ Ownership, so that a segment is unlinked exactly once whoever dies:
   (`Outgoing.unlink_names`: on SIGTERM, when its parent is gone, at its normal end once
   the receiver took everything: `Outgoing.wait_taken`), or by the consumer once the
   sender is gone (`remove_names`, e.g. after a worker was killed with SIGKILL).
-- Nothing is registered with multiprocessing's resource tracker: it never sees these
-  segments, so its view stays empty rather than wrong.
+- Every segment is also registered with multiprocessing's resource tracker, which the
+  consumer starts before its workers (`share_tracker`) and shares with them, and is
+  unregistered by whichever process unlinks its name (`unlink_name`): a worker and its
+  consumer killed at the same instant leave names that the tracker unlinks once every
+  process sharing it is gone. Otherwise its view ends empty.
 
 Reuse: the sender reuses a segment only after the receiver released it. The first byte
 of a segment is its flag: the sender sets it when it sends the segment, the receiver
