@@ -20,7 +20,7 @@ import time
 import weakref
 from typing import Any
 
-from ._background import shm, shm_broadcast, wire
+from ._background import segments, shm_broadcast, wire
 from ._background.errors import report_error
 from ._background.lifecycle import POLL_S, THREAD_STOP_S, Resource
 from ._fanout_hub import NAME, Hub
@@ -83,7 +83,7 @@ class Server(Resource):
         """The next position of each consumer whose thread is taking an item."""
         self._pickling = threading.Lock()
         """Held while an item is pickled: each is pickled once, whichever thread asks."""
-        self._broadcast = shm_broadcast.Broadcast() if shm.ENABLED else None
+        self._broadcast = shm_broadcast.Broadcast() if segments.ENABLED else None
         self._serving = threading.local()
         self._accepter = self._thread(self._accept, "accept")
         _SERVERS.add(self)

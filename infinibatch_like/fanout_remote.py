@@ -25,7 +25,7 @@ import weakref
 from collections import deque
 from typing import Any, Generic, NoReturn, TypeVar
 
-from ._background import shm, wire
+from ._background import segments, wire
 from ._background.errors import WorkerError, as_exception
 from ._background.lifecycle import LAST_WORDS_S, POLL_S, check_interrupt, parent_alive
 from ._base import State, require_int
@@ -85,7 +85,7 @@ class _Connection:
         self.close()
         prefix = self.shared_prefix
         if prefix and not parent_alive(self.owner_pid):  # what it left in /dev/shm
-            shm.remove_prefixed(prefix, tracked=False)
+            segments.remove_prefixed(prefix, tracked=False)
         raise WorkerError(
             f"{NAME}: the owner (pid {self.owner_pid or 'unknown'}) serving "
             f"{self.address} closed or died while consumer {self.index} waited for "

@@ -23,7 +23,7 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from . import shm, stacks, worker_gc
+from . import segments, stacks, worker_gc
 
 logger = logging.getLogger("infinibatch_like")
 
@@ -147,7 +147,7 @@ def start_process(process: BaseProcess) -> None:
     daemonic = config.get("daemon", False)
     config["daemon"] = False
     try:
-        shm.share_tracker()  # the worker's segments are registered with this one
+        segments.share_tracker()  # the worker's segments are registered with this one
         process.start()
     except (AssertionError, PermissionError) as error:  # a platform without child processes
         raise ProcessesRefused(f"cannot start {process.name}") from error

@@ -11,7 +11,7 @@ writes into its array stays its own, as with a pickled copy. The sender unmaps i
 at once; it keeps the name until it calls `unlink` (when no receiver will map the
 segment any more), and the kernel frees the memory once the last receiver unmapped it
 (when its array is collected, or its process ended). A receiver never unlinks a name
-while the sender lives; ``shm.remove_prefixed(prefix)`` unlinks what a dead sender
+while the sender lives; ``segments.remove_prefixed(prefix)`` unlinks what a dead sender
 left.
 """
 
@@ -23,14 +23,14 @@ import os
 import secrets
 from typing import Any
 
-from . import shm
+from . import segments, shm
 
 
 class Broadcast(shm.Sender):
     """The segments of one sender for many receivers (see the module)."""
 
     def __init__(self) -> None:
-        self.prefix = f"{shm.names_prefix(os.getpid())}{secrets.token_hex(4)}_b"
+        self.prefix = f"{segments.names_prefix(os.getpid())}{secrets.token_hex(4)}_b"
         """The prefix of its segments' names."""
         self._created = 0
         self._names: list[str] = []
@@ -42,13 +42,13 @@ class Broadcast(shm.Sender):
     def space(self, size: int) -> tuple[Any, Any] | None:
         name = f"{self.prefix}{self._created}"
         try:
-            segment = shm._Segment(name, size, tracked=False)
+            segment = segments.Segment(name, size, tracked=False)
         except OSError:  # no room in /dev/shm: pickled in the message
             return None
         self._created += 1
         self._names.append(name)
         # The buffer keeps the mapping until the copy into it is done, then unmaps it.
-        return segment.memory.buffer(shm.HEADER, size), (name, size)
+        return segment.memory.buffer(segments.HEADER, size), (name, size)
 
     def encode(self, obj: Any) -> tuple[bytes, list[str]]:
         """`obj` pickled, its large arrays and tensors through new segments, and the
@@ -72,7 +72,7 @@ class Broadcast(shm.Sender):
 def unlink(names: list[str]) -> None:
     """Remove the names of segments of a `Broadcast` (those mapped stay valid)."""
     for name in names:
-        shm.unlink_name(name, tracked=False)
+        segments.unlink_name(name, tracked=False)
 
 
 def _mapped(reference: tuple[str, int]) -> Any:
@@ -80,13 +80,13 @@ def _mapped(reference: tuple[str, int]) -> Any:
     collection unmaps it."""
     name, size = reference
     try:
-        memory = shm._mapped(name, shm.HEADER + size, os.O_RDONLY, mmap.MAP_PRIVATE)
+        memory = segments.mapped(name, segments.HEADER + size, os.O_RDONLY, mmap.MAP_PRIVATE)
     except FileNotFoundError:
         raise RuntimeError(
             f"the shared-memory segment {name} of a fan-out item is gone (its owner "
             "stopped, or removed it, before this consumer read the item)"
         ) from None
-    return memory.buffer(shm.HEADER, size)
+    return memory.buffer(segments.HEADER, size)
 
 
 def _attach_array(reference: tuple[str, int], dtype: Any, shape: Any, order: str) -> Any:
