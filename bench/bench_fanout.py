@@ -1,6 +1,7 @@
 """Fan-out: what it costs several consumers to read one pipeline, against each its own.
 
-``python bench/bench_fanout.py [--quick] [--batches N] [--consumers K] [--start-method M]``
+``python bench/bench_fanout.py [--quick] [--batches N] [--consumers K] [--start-method M]
+[--format {tokens,arrays}] [--min-kib KIB]``
 
 The pipeline is P1 of ``bench_pipeline.py`` (chunked gzip text, shuffle buffer, tokenized,
 bucketed batches of about 2048 tokens) over the bench corpus. Every scenario consumes N
@@ -11,8 +12,9 @@ batches per consumer; the CPU time counted is this process's, plus its children'
 - ``K independent pipelines``: what K consumers cost without a fan-out (about K x);
 - ``FanOut replicate, K threads``: one pipeline, K consumers reading it from threads;
 - ``FanOut replicate, K processes``: one pipeline in this process, K consumer processes
-  attached by a Unix socket (every batch pickled once, unpickled by each; up to 8
-  batches a round trip);
+  attached by a Unix socket (every batch pickled once, unpickled by each, its arrays of
+  64 KiB or more put once into shared memory that each maps; up to 8 batches a round
+  trip);
 - ``FanOut split, 2 processes``: 2 consumer processes share the first 2N batches.
 
 Checks: every replicate consumer's batches are the single pipeline's first N batches
@@ -50,8 +52,9 @@ PREFETCH = 8
 
 def as_array(batch: list[list[str]]) -> Any:
     """A batch as a model takes it: a padded int32 array (a token's id here is its
-    length, a stand-in for a vocabulary lookup)."""
+    length, a stand-in for a vocabulary lookup), padded to at least ``--min-kib`` KiB."""
     width = max(len(line) for line in batch)
+    width = max(width, -(-_min_bytes[0] // (4 * len(batch))))
     array = np.zeros((len(batch), width), dtype=np.int32)
     for row, line in enumerate(batch):
         array[row, : len(line)] = [len(token) for token in line]
@@ -60,6 +63,7 @@ def as_array(batch: list[list[str]]) -> Any:
 
 FORMATS = ("tokens", "arrays")
 _format = ["tokens"]
+_min_bytes = [0]
 
 
 def pipeline(lib: _util.Library, chunks: list[str]) -> Any:
@@ -174,17 +178,26 @@ def main(argv: list[str] | None = None) -> int:
         "takes; they cross a process boundary at the cost of a copy)",
     )
     parser.add_argument(
+        "--min-kib",
+        type=int,
+        default=0,
+        help="with --format arrays: pad each array to at least this many KiB (from 64 KiB "
+        "on, consumer processes map it from shared memory instead of unpickling a copy)",
+    )
+    parser.add_argument(
         "--start-method", default="fork", choices=multiprocessing.get_all_start_methods()
     )
     args = parser.parse_args(argv)
-    _format[0] = args.format
+    _format[0], _min_bytes[0] = args.format, 1024 * args.min_kib
     lines = 200_000 if args.quick else 1_000_000
     batches = args.batches or (300 if args.quick else 1500)
     k, method = args.consumers, args.start_method
     chunks = build_corpus(lines)
     lib = _util.load_libraries(["infinibatch_like"])["infinibatch_like"]
     print(
-        f"P1 over {lines:,} lines, batches as {args.format}; {batches} batches per "
+        f"P1 over {lines:,} lines, batches as {args.format}"
+        + (f" of at least {args.min_kib} KiB" if args.min_kib else "")
+        + f"; {batches} batches per "
         f"consumer; {k} consumers; consumer "
         f"processes started with {method!r}; {args.reps} repeats (median CPU)",
         flush=True,
@@ -248,7 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         rows,
     )
     write_result(
-        f"fanout-{args.format}" + ("-quick" if args.quick else ""),
+        f"fanout-{args.format}"
+        + (f"-{args.min_kib}kib" if args.min_kib else "")
+        + ("-quick" if args.quick else ""),
         {
             "arguments": vars(args),
             "lines": lines,

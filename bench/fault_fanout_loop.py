@@ -2,9 +2,10 @@
 the pipeline of `fault_loop.py` to consumer processes, each a training loop of its own.
 
 ``python bench/fault_fanout_loop.py owner WORKDIR CORPUS --consumers C --start-method M
---prefetch-mode P --nesting {flat,nested}`` builds the pipeline of ``fault_loop.py``
-(``build_pipeline``), serves it in ``"replicate"`` mode at ``WORKDIR/fan.sock`` and exits
-once every consumer has closed (or on SIGTERM).
+--prefetch-mode P --nesting {flat,nested} [--arrays]`` builds the pipeline of
+``fault_loop.py`` (``build_pipeline``; with ``--arrays`` its items carry numpy arrays,
+which the consumers map from the owner's shared memory), serves it in ``"replicate"``
+mode at ``WORKDIR/fan.sock`` and exits once every consumer has closed (or on SIGTERM).
 
 ``python bench/fault_fanout_loop.py consumer WORKDIR INDEX --batches N --every K`` attaches
 to consumer INDEX and trains on N batches as ``fault_loop.py`` does: every batch goes to
@@ -30,7 +31,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(1, str(REPO_ROOT))
 
-from fault_loop import CHECKPOINTS, STEP_SECONDS, build_pipeline  # noqa: E402
+from fault_loop import CHECKPOINTS, STEP_SECONDS, build_pipeline, loggable  # noqa: E402
 
 from infinibatch_like import FanOut, attach, load_checkpoint, save_checkpoint  # noqa: E402
 
@@ -42,7 +43,9 @@ def owner(args: argparse.Namespace) -> None:
         raise SystemExit(143)
 
     signal.signal(signal.SIGTERM, preempted)
-    pipeline = build_pipeline(args.corpus, args.start_method, args.prefetch_mode, args.nesting)
+    pipeline = build_pipeline(
+        args.corpus, args.start_method, args.prefetch_mode, args.nesting, args.arrays
+    )
     with FanOut(pipeline, args.consumers, max_lag=4, timeout=60) as fan:
         fan.serve(str(args.workdir / SOCKET))
         while not fan.closed:
@@ -64,7 +67,7 @@ def consumer(args: argparse.Namespace) -> None:
         log.truncate(checkpoint["log_bytes"])
         batches.setstate(checkpoint["data"])  # this consumer alone; None: the start
         while model["step"] < args.batches:
-            line = json.dumps(next(batches)).encode()
+            line = json.dumps(loggable(next(batches))).encode()
             model["digest"] = hashlib.sha256(model["digest"].encode() + line).hexdigest()
             model["step"] += 1
             time.sleep(STEP_SECONDS)
@@ -86,6 +89,11 @@ def main() -> None:
     serving.add_argument("--start-method", default="fork")
     serving.add_argument("--prefetch-mode", default="process")
     serving.add_argument("--nesting", choices=("flat", "nested"), default="flat")
+    serving.add_argument(
+        "--arrays",
+        action="store_true",
+        help="items carry a 72 kB array (consumers map it from the owner's shared memory)",
+    )
     reading = roles.add_parser("consumer")
     reading.add_argument("workdir", type=Path)
     reading.add_argument("index", type=int)

@@ -12,6 +12,9 @@ leaks) and writes it, with every leak and failure, to ``bench/results/fault_inje
     python bench/fault_injection.py              # 60 campaigns x 2 kills: ~10 minutes
     python bench/fault_injection.py --kills 1 --start-methods fork   # a quick look
     python bench/fault_injection.py --fanout     # also kill consumer processes of a FanOut
+    python bench/fault_injection.py --fanout --arrays --kinds --kills 3
+        # fan-out only, items with arrays that the consumers map from the owner's shared
+        # memory: no segment left (/dev/shm) and nothing reported by the resource tracker
     python bench/fault_injection.py --arrays --kinds "loop SIGKILL" "worker SIGKILL" --kills 3
         # items with numpy arrays: the shared-memory transport under consumer and worker kills
 
@@ -40,7 +43,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=2, help="kills per campaign")
     parser.add_argument("--start-methods", nargs="+", default=["fork", "forkserver", "spawn"])
-    parser.add_argument("--kinds", nargs="+", default=list(harness.KINDS))
+    parser.add_argument("--kinds", nargs="*", default=list(harness.KINDS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--fanout",
@@ -103,7 +106,7 @@ def fanout_campaigns(
     for number, (method, (mode, nesting)) in enumerate(
         itertools.product(args.start_methods, LAYOUTS)
     ):
-        config = harness.Config(method, mode, nesting)
+        config = harness.Config(method, mode, nesting, args.arrays)
         campaign = harness.FanOutCampaign(root / f"fanout-{number}", corpus, config)
         outcome = harness.run_fanout_campaign(campaign, args.kills, reference, rng)
         rows.append(outcome)

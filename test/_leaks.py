@@ -8,14 +8,24 @@ import os
 from typing import Any
 
 
+def _own_fds() -> list[str]:
+    """This process's descriptors, less the pipe to multiprocessing's resource tracker
+    (started once, with the first worker process, and kept: the shared-memory transport
+    registers its segments there)."""
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(resource_tracker._resource_tracker, "_fd", None)
+    return [fd for fd in os.listdir("/proc/self/fd") if fd != str(tracker)]
+
+
 def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+    return len(_own_fds())
 
 
 def open_pipes() -> int:
     """The pipes among this process's descriptors (what background workers use)."""
     targets = []
-    for fd in os.listdir("/proc/self/fd"):
+    for fd in _own_fds():
         with contextlib.suppress(OSError):  # closed meanwhile
             targets.append(os.readlink(f"/proc/self/fd/{fd}"))
     return sum(target.startswith("pipe:") for target in targets)

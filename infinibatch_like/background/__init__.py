@@ -9,7 +9,9 @@ consumer, shared by every background stage.
 - `wire`: how objects and bytes cross a process boundary (cloudpickle for pipelines,
   framed messages on pipes that the reader polls, so that a dead writer never hangs it).
 - `shm`: the shared-memory transport of the large numpy arrays and torch tensors that
-  worker processes send (pooled segments, unlinked once mapped).
+  worker processes send (pooled segments, unlinked once mapped); `segments`: creating,
+  mapping and naming the segments, registered with the resource tracker;
+  `shm_broadcast`: one copy of an item's arrays for every fan-out consumer process.
 - `messages`: the typed messages between workers and the consumer.
 - `channels`: one producer worker (thread or process) behind a bounded buffer.
 - `pool`: the workers of a parallel map (processes or threads).

@@ -1,5 +1,11 @@
 """The owner's side of fan-out consumers in other processes: a `Server` answers, on a
-Unix socket, the consumers that attach to it (see `fanout_remote` for the protocol)."""
+Unix socket, the consumers that attach to it (see `fanout_remote` for the protocol).
+
+Each item is pickled once for every consumer, its large numpy arrays and CPU tensors
+put once into shared memory (`shm_broadcast`) that each consumer maps. A reply is kept,
+and its segments named, while a consumer may still take its item or has been sent it
+and not yet mapped it: a consumer maps the items it is sent before its next request (or
+is gone), so that request releases them."""
 
 from __future__ import annotations
 
@@ -8,12 +14,13 @@ import os
 import pickle
 import select
 import socket
+import sys
 import threading
 import time
 import weakref
 from typing import Any
 
-from . import wire
+from . import segments, shm_broadcast, wire
 from .errors import report_error
 from .fanout_hub import NAME, Hub
 from .lifecycle import POLL_S, THREAD_STOP_S, Resource
@@ -36,6 +43,16 @@ def _gone(sock: socket.socket) -> bool:
         return False
     except OSError:
         return True
+
+
+class _Reply:
+    """An item's reply, pickled once for every consumer; `names`: the segments it refers
+    to; `pending`: the consumers it was sent to that have not mapped it yet."""
+
+    __slots__ = ("data", "names", "pending")
+
+    def __init__(self, data: bytes, names: list[str]) -> None:
+        self.data, self.names, self.pending = data, names, 0
 
 
 class Server(Resource):
@@ -61,7 +78,12 @@ class Server(Resource):
         self._connections: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
-        self._replies: dict[int, bytes] = {}
+        self._replies: dict[int, _Reply] = {}
+        self._claiming: dict[int, int] = {}
+        """The next position of each consumer whose thread is taking an item."""
+        self._pickling = threading.Lock()
+        """Held while an item is pickled: each is pickled once, whichever thread asks."""
+        self._broadcast = shm_broadcast.Broadcast() if segments.ENABLED else None
         self._serving = threading.local()
         self._accepter = self._thread(self._accept, "accept")
         _SERVERS.add(self)
@@ -91,6 +113,7 @@ class Server(Resource):
         self._serving.connection = connection
         index: int | None = None
         closed = False
+        sent: list[_Reply] = []
         try:
             reader = wire.FrameReader(connection.fileno())
             frame = self._receive(reader)
@@ -104,13 +127,19 @@ class Server(Resource):
                 return
             index = wanted
             self.hub.connected(index, True)
-            wire.send_frames(connection, ("ok", (self.hub.consumers, self.hub.mode, os.getpid())))
+            prefix = None if self._broadcast is None else self._broadcast.prefix
+            hub = self.hub
+            wire.send_frames(connection, ("ok", (hub.consumers, hub.mode, os.getpid(), prefix)))
             while (frame := self._receive(reader)) is not None:
+                self._mapped(sent)  # a request comes once the previous items are mapped
+                sent = []
                 request = pickle.loads(frame)
                 reply = self._answer(index, request, connection)
                 closed = request[0] == "close"
                 if isinstance(reply, list):  # items: their count, then each
-                    wire.send_frames(connection, ("items", len(reply)), *reply)
+                    sent = [r for r in reply if isinstance(r, _Reply)]
+                    frames = [r.data if isinstance(r, _Reply) else r for r in reply]
+                    wire.send_frames(connection, ("items", len(reply)), *frames)
                 else:
                     wire.send_frames(connection, reply)
                 if closed:
@@ -118,6 +147,7 @@ class Server(Resource):
         except OSError:  # the consumer went away mid-message
             pass
         finally:
+            self._mapped(sent)  # or never will be: its process is gone
             if index is not None:
                 self.hub.release(index)
                 if closed:
@@ -162,38 +192,77 @@ class Server(Resource):
         replies: list[Any] = []
         hub.lend(index, most)  # until it is known how many it holds
         try:
+            self._claim(index)
             first = hub.take_at(index, lambda: _gone(connection))
             assert first is not None
-            replies.append(self._pickled(*first))
-            while len(replies) < most and isinstance(replies[-1], bytes):
+            replies.append(self._reply(index, *first))
+            while len(replies) < most and isinstance(replies[-1], _Reply):
+                self._claim(index)
                 following = hub.take_at(index, wait=False)
                 if following is None:
                     break
-                replies.append(self._pickled(*following))
+                replies.append(self._reply(index, *following))
         except StopIteration:
             replies.append(("end",))
         except BaseException as error:  # re-raised in the consumer at its item
             replies.append(("error", report_error(error, self._where(), hub.source)))
         finally:
             hub.lend(index, len(replies))
+            with self._lock:
+                self._claiming.pop(index, None)
         return replies
 
-    def _pickled(self, position: int, item: Any) -> tuple[Any, ...] | bytes:
-        """The reply for the item at upstream `position`, pickled once for every consumer
-        (kept while a consumer may still take it)."""
+    def _claim(self, index: int) -> None:
+        """Consumer `index` is about to take its next item: its reply is kept, though the
+        hub may drop the item as it hands it over."""
         with self._lock:
-            data = self._replies.get(position)
-        if data is None:
-            try:
-                data = pickle.dumps(("ok", item), wire.PROTOCOL)
-            except Exception as error:
-                return ("error", report_error(error, f"pickling an item {self._where()}"))
+            self._claiming[index] = self.hub.next_index(index)
+
+    def _reply(self, index: int, position: int, item: Any) -> _Reply | tuple[Any, ...]:
+        """The reply for the item at upstream `position`, pickled once for every consumer
+        (kept while a consumer may still take it), counted as sent to consumer `index`."""
+        with self._pickling:
             with self._lock:
-                self._replies[position] = data
-                oldest = self.hub.base
-                for stale in [key for key in self._replies if key < oldest]:
-                    del self._replies[stale]
-        return data
+                reply = self._replies.get(position)
+            if reply is None:
+                try:
+                    reply = self._encoded(("ok", item))
+                except Exception as error:
+                    return ("error", report_error(error, f"pickling an item {self._where()}"))
+            with self._lock:
+                reply.pending += 1
+                self._replies[position] = reply
+                self._claiming.pop(index, None)
+                self._trim()
+        return reply
+
+    def _encoded(self, reply: tuple[str, Any]) -> _Reply:
+        if self._broadcast is None or (
+            "numpy" not in sys.modules and "torch" not in sys.modules
+        ):
+            return _Reply(pickle.dumps(reply, wire.PROTOCOL), [])
+        return _Reply(*self._broadcast.encode(reply))
+
+    def _mapped(self, replies: list[_Reply]) -> None:
+        """A consumer has mapped `replies` (or is gone): their segments may go once no
+        consumer needs their items any more."""
+        if replies:
+            with self._lock:
+                for reply in replies:
+                    reply.pending -= 1
+                self._trim()
+
+    def _trim(self) -> None:
+        """Drop the replies that no consumer needs or still has to map (every reply once
+        stopped), and unlink their segments; holding `_lock`."""
+        oldest = None if self._stop.is_set() else min([self.hub.base, *self._claiming.values()])
+        stale = [
+            position
+            for position, reply in self._replies.items()
+            if (oldest is None or position < oldest) and reply.pending <= 0
+        ]
+        for position in stale:
+            shm_broadcast.unlink(self._replies.pop(position).names)
 
     def _shutdown(self) -> None:
         self._stop.set()
@@ -208,6 +277,10 @@ class Server(Resource):
                 with contextlib.suppress(OSError):
                     connection.shutdown(socket.SHUT_RDWR)
         self.join()
+        with self._lock:  # what the consumers did not map they never will
+            for reply in self._replies.values():
+                shm_broadcast.unlink(reply.names)
+            self._replies.clear()
 
     def join(self) -> None:
         """Wait until the threads serving the consumers are gone (not this one, if it is

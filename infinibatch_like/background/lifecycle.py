@@ -24,7 +24,7 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
 
-from . import stacks, worker_gc
+from . import segments, stacks, worker_gc
 
 logger = logging.getLogger("infinibatch_like")
 
@@ -178,6 +178,7 @@ def start_process(process: BaseProcess) -> None:
     daemonic = config.get("daemon", False)
     config["daemon"] = False
     try:
+        segments.share_tracker()  # the worker's segments are registered with this one
         process.start()
     except (AssertionError, PermissionError) as error:  # a platform without child processes
         raise ProcessesRefused(f"cannot start {process.name}") from error

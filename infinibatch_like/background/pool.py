@@ -17,7 +17,7 @@ from typing import Any
 
 from .._core.checks import batch_outputs
 from .._core.notes import call_origin
-from . import shm, wire
+from . import segments, shm, wire
 from .errors import ErrorReport, WorkerError, died, local_error, report_error
 from .lifecycle import (
     JOIN_S,
@@ -97,7 +97,7 @@ def _map_main(
         if outgoing is not None:
             outgoing.unlink_names()
         if incoming is not None:
-            shm.remove_prefixed(incoming)
+            segments.remove_prefixed(incoming)
 
     worker_setup(parent, unlink_names, collector, answers)
     if payload is not None:

@@ -19,8 +19,11 @@ Ownership, so that a segment is unlinked exactly once whoever dies:
   (`Outgoing.unlink_names`: on SIGTERM, when its parent is gone, at its normal end once
   the receiver took everything: `Outgoing.wait_taken`), or by the consumer once the
   sender is gone (`remove_names`, e.g. after a worker was killed with SIGKILL).
-- Nothing is registered with multiprocessing's resource tracker: it never sees these
-  segments, so its view stays empty rather than wrong.
+- Every segment is also registered with multiprocessing's resource tracker, which the
+  consumer starts before its workers (`share_tracker`) and shares with them, and is
+  unregistered by whichever process unlinks its name (`unlink_name`): a worker and its
+  consumer killed at the same instant leave names that the tracker unlinks once every
+  process sharing it is gone. Otherwise its view ends empty.
 
 Reuse: the sender reuses a segment only after the receiver released it. The first byte
 of a segment is its flag: the sender sets it when it sends the segment, the receiver
@@ -30,16 +33,13 @@ buffer). An item the user keeps is never overwritten. When every segment is
 held and the pool is at its limits, arrays are pickled through the pipe (a copy) until
 some are released.
 
-Linux only (``/dev/shm``); elsewhere everything is pickled.
+Linux only (``/dev/shm``); elsewhere everything is pickled. The segments themselves
+(creating, mapping, naming, registering) are `segments`'.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import functools
 import io
-import mmap
 import os
 import pickle
 import secrets
@@ -48,10 +48,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-try:
-    import _posixshmem  # type: ignore[import-not-found]  # CPython's, POSIX only
-except ImportError:
-    _posixshmem = None
+from . import segments
+from .segments import HEADER, SHM_DIR, names_prefix, remove_prefixed, unlink_name
 
 THRESHOLD = 64 * 1024
 """Arrays and tensors smaller than this (bytes) are pickled through the pipe: below it
@@ -63,127 +61,54 @@ MAX_SEGMENTS = 64
 MAX_BYTES = 2 << 30
 """Bytes of segments per sender at most."""
 
-HEADER = 64
-"""Bytes before a segment's data: the flag, then alignment padding."""
-
-SHM_DIR = "/dev/shm"
-ENABLED = _posixshmem is not None and sys.platform.startswith("linux") and os.path.isdir(SHM_DIR)
-"""Whether the transport is used on this platform."""
+ENABLED = segments.ENABLED
+"""Whether the transport is used (on this platform; benchmarks turn it off)."""
 
 PROTOCOL = pickle.HIGHEST_PROTOCOL
-
-
-def names_prefix(pid: int) -> str:
-    """The prefix of the names of the segments that process `pid` creates."""
-    return f"ibl_{pid}_"
-
-
-class _Mapping:
-    """A segment mapped into this process; unmapped when collected (or `close`d).
-
-    Mapped with libc's ``mmap``, not the `mmap` module, whose objects each keep a file
-    descriptor open: a consumer holding many items would hold as many descriptors. Its
-    first byte is the segment's flag; `buffer` gives a ctypes array over a part of it
-    that keeps the mapping alive."""
-
-    __slots__ = ("_flag", "_received", "address", "length", "pid")
-
-    def __init__(self, fd: int, length: int) -> None:
-        address = _libc.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
-        if address is None or address == _MAP_FAILED:
-            error = ctypes.get_errno()
-            raise OSError(error, f"cannot map a shared-memory segment: {os.strerror(error)}")
-        self.address, self.length, self.pid = address, length, os.getpid()
-        self._flag = ctypes.c_ubyte.from_address(address)
-        self._received = ctypes.c_ubyte.from_address(address + 1)
-
-    @property
-    def flag(self) -> int:
-        value: int = self._flag.value
-        return value
-
-    @flag.setter
-    def flag(self, value: int) -> None:
-        self._flag.value = value
-
-    @property
-    def received(self) -> int:
-        """The segment's second byte: set by the receiver when it decodes the message."""
-        value: int = self._received.value
-        return value
-
-    @received.setter
-    def received(self, value: int) -> None:
-        self._received.value = value
-
-    def buffer(self, offset: int, size: int, releasing: bool = False) -> Any:
-        """`size` bytes at `offset`; `releasing`: clear the flag once they are collected."""
-        view = _view_type(size, releasing).from_address(self.address + offset)
-        view.mapping = self
-        return view
-
-    def close(self) -> None:
-        if self.address:
-            _libc.munmap(self.address, self.length)
-            self.address = 0
-
-    def __del__(self) -> None:
-        self.close()
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_long,
-]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_MAP_FAILED = ctypes.c_void_p(-1).value
-
-
-@functools.lru_cache(maxsize=256)
-def _view_type(size: int, releasing: bool) -> Any:
-    """A ctypes array type of `size` bytes whose instances take attributes; `releasing`:
-    whose instances `_release` their mapping when collected."""
-    namespace = {"__del__": lambda self: _release(self.mapping)} if releasing else {}
-    return type(f"segment_view_{size}", (ctypes.c_char * size,), namespace)
-
-
-def _mapped(name: str, length: int, flags: int) -> _Mapping:
-    """Open (`flags`: os.O_CREAT... to create it) and map the segment `name`."""
-    fd = _posixshmem.shm_open("/" + name, flags, 0o600)
-    try:
-        if flags & os.O_CREAT:
-            os.ftruncate(fd, length)
-            # Reserve the pages now: on a full /dev/shm (a container's 64 MiB), writing to
-            # a page that cannot be allocated kills the process with SIGBUS.
-            os.posix_fallocate(fd, 0, length)
-        return _Mapping(fd, length)
-    finally:
-        os.close(fd)
 
 
 # -- the sender ----------------------------------------------------------------------------
 
 
-class _Segment:
-    __slots__ = ("capacity", "memory", "name")
+class Sender:
+    """What `_Pickler` puts large arrays and tensors through: `space` gives the bytes
+    for an array's copy and the reference the receiver maps them by; `array_loader` and
+    `tensor_loader` rebuild the array or tensor from that reference."""
 
-    def __init__(self, name: str, capacity: int) -> None:
-        try:
-            self.memory = _mapped(name, HEADER + capacity, os.O_CREAT | os.O_EXCL | os.O_RDWR)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                _posixshmem.shm_unlink("/" + name)
-            raise
-        self.name, self.capacity = name, capacity
+    array_loader: Callable[..., Any]
+    tensor_loader: Callable[..., Any]
+
+    def space(self, size: int) -> tuple[Any, Any] | None:
+        """A writable buffer of `size` bytes in a segment and its reference, or None."""
+        raise NotImplementedError
+
+    def put(self, obj: Any, np: Any) -> Any:
+        """The reduction of numpy array `obj` through a segment, or NotImplemented."""
+        taken = self.space(obj.nbytes)
+        if taken is None:
+            return NotImplemented
+        buffer, reference = taken
+        fortran = obj.flags.f_contiguous and not obj.flags.c_contiguous
+        order = "F" if fortran else "C"
+        np.ndarray(obj.shape, obj.dtype, buffer, order=order)[...] = obj
+        dtype = obj.dtype
+        plain = dtype.fields is None and dtype.subdtype is None and dtype.metadata is None
+        return self.array_loader, (reference, dtype.str if plain else dtype, obj.shape, order)
+
+    def put_tensor(self, tensor: Any, torch: Any, np: Any) -> Any:
+        """The reduction of CPU tensor `tensor` through a segment, or NotImplemented."""
+        shape, strides = tuple(tensor.shape), tuple(tensor.stride())
+        extent = 1 + sum((size - 1) * stride for size, stride in zip(shape, strides, strict=False))
+        span = tensor.as_strided((extent,), (1,), tensor.storage_offset())
+        raw = span.view(torch.uint8).numpy()
+        reduced = self.put(raw, np)
+        if reduced is NotImplemented:
+            return NotImplemented
+        reference = reduced[1][0]
+        return self.tensor_loader, (reference, tensor.dtype, shape, strides)
 
 
-class Outgoing:
+class Outgoing(Sender):
     """The segments of one sender (one pipe): at most `MAX_SEGMENTS` and `MAX_BYTES`."""
 
     def __init__(self, max_unread: int | None = None) -> None:
@@ -194,18 +119,19 @@ class Outgoing:
         sender ahead by that many waits. The pipe holds hundreds of small messages, so
         its size no longer bounds how far ahead the sender runs."""
         self._max_segments, self._max_bytes = MAX_SEGMENTS, MAX_BYTES
-        self._segments: list[_Segment] = []
+        self._segments: list[segments.Segment] = []
         self._created = 0
         self._retired: list[str] = []
         self._newest: str | None = None
         """The name of the newest segment (the receiver maps segments in order)."""
-        self._sending: list[_Segment] = []
+        self._sending: list[segments.Segment] = []
         """The segments of the message being pickled..."""
-        self._fresh: list[_Segment] = []
+        self._fresh: list[segments.Segment] = []
         """... and those created for it."""
         self._file = io.BytesIO()
         self._pickler = _Pickler(self._file, self)
         """Reused from message to message (making one costs as much as a small message)."""
+        self.array_loader, self.tensor_loader = _attach_array, _attach_tensor
 
     def _unread(self) -> int:
         sending = self._sending
@@ -214,7 +140,7 @@ class Outgoing:
             for s in self._segments
         )
 
-    def _take(self, size: int) -> _Segment | None:
+    def _take(self, size: int) -> segments.Segment | None:
         """A free segment of at least `size` bytes, new if need be; None if none can be."""
         if self._max_unread is not None:
             pause = 0.0002
@@ -237,7 +163,7 @@ class Outgoing:
         if len(self._segments) >= self._max_segments or used + capacity > self._max_bytes:
             return None
         try:
-            segment = _Segment(f"{self.prefix}{self._created}", capacity)
+            segment = segments.Segment(f"{self.prefix}{self._created}", capacity)
         except OSError:  # no room in /dev/shm: pickle through the pipe
             return None
         self._created += 1
@@ -246,34 +172,15 @@ class Outgoing:
         self._newest = segment.name
         return segment
 
-    def put(self, obj: Any, np: Any) -> Any:
-        """The reduction of numpy array `obj` through a segment, or NotImplemented."""
-        segment = self._take(obj.nbytes)
+    def space(self, size: int) -> tuple[Any, Any] | None:
+        segment = self._take(size)
         if segment is None:
-            return NotImplemented
-        fortran = obj.flags.f_contiguous and not obj.flags.c_contiguous
-        order = "F" if fortran else "C"
-        buffer = segment.memory.buffer(HEADER, obj.nbytes)
-        np.ndarray(obj.shape, obj.dtype, buffer, order=order)[...] = obj
+            return None
         segment.memory.received, segment.memory.flag = 0, 1
         self._sending.append(segment)
         retired, self._retired = tuple(self._retired), []
-        reference = (segment.name, segment.capacity, obj.nbytes, retired)
-        dtype = obj.dtype
-        plain = dtype.fields is None and dtype.subdtype is None and dtype.metadata is None
-        return _attach_array, (reference, dtype.str if plain else dtype, obj.shape, order)
-
-    def put_tensor(self, tensor: Any, torch: Any, np: Any) -> Any:
-        """The reduction of CPU tensor `tensor` through a segment, or NotImplemented."""
-        shape, strides = tuple(tensor.shape), tuple(tensor.stride())
-        extent = 1 + sum((size - 1) * stride for size, stride in zip(shape, strides, strict=False))
-        span = tensor.as_strided((extent,), (1,), tensor.storage_offset())
-        raw = span.view(torch.uint8).numpy()
-        reduced = self.put(raw, np)
-        if reduced is NotImplemented:
-            return NotImplemented
-        reference = reduced[1][0]
-        return _attach_tensor, (reference, tensor.dtype, shape, strides)
+        reference = (segment.name, segment.capacity, size, retired)
+        return segment.memory.buffer(HEADER, size), reference
 
     def encode(self, obj: Any) -> bytes:
         """`obj` pickled, its large arrays and tensors through segments; if pickling
@@ -290,7 +197,7 @@ class Outgoing:
                 segment.memory.flag = 0
             for segment in self._fresh:  # never sent: gone again
                 self._segments.remove(segment)
-                _posixshmem.shm_unlink("/" + segment.name)
+                unlink_name(segment.name)
                 segment.memory.close()
             self._newest, self._retired = newest, retired
             raise
@@ -311,14 +218,13 @@ class Outgoing:
         """Unlink the names of the segments that the receiver has not mapped (safe from
         any thread, any number of times; what is mapped stays valid)."""
         for segment in list(self._segments):
-            with contextlib.suppress(FileNotFoundError):
-                _posixshmem.shm_unlink("/" + segment.name)
+            unlink_name(segment.name)
 
 
 class _Pickler(pickle.Pickler):
     """Pickles large numpy arrays and CPU tensors through an `Outgoing`'s segments."""
 
-    def __init__(self, file: io.BytesIO, outgoing: Outgoing) -> None:
+    def __init__(self, file: io.BytesIO, outgoing: Sender) -> None:
         super().__init__(file, PROTOCOL)
         self._outgoing = outgoing
 
@@ -358,17 +264,10 @@ def encode(obj: Any, outgoing: Outgoing | None) -> bytes:
 
 # -- the receiver --------------------------------------------------------------------------
 
-_MAPPED: dict[str, _Mapping] = {}
+_MAPPED: dict[str, segments.Mapping] = {}
 """This process's mappings of the segments it received, by name."""
 
 os.register_at_fork(after_in_child=_MAPPED.clear)
-
-
-def _release(memory: _Mapping) -> None:
-    """The receiver dropped its last view of a segment: the sender may reuse it (not when
-    a forked child drops its copy of the view: the receiver may still hold it)."""
-    if memory.pid == os.getpid():
-        memory.flag = 0
 
 
 def _delivered(reference: tuple[str, int, int, tuple[str, ...]]) -> Any:
@@ -382,37 +281,62 @@ def _delivered(reference: tuple[str, int, int, tuple[str, ...]]) -> Any:
     memory = _MAPPED.get(name)
     if memory is None:
         try:
-            memory = _mapped(name, HEADER + capacity, os.O_RDWR)
+            memory = segments.mapped(name, HEADER + capacity, os.O_RDWR)
         except FileNotFoundError:
             raise RuntimeError(
                 f"the shared-memory segment {name} of a worker process is gone (the worker "
                 "was stopped before its message was read)"
             ) from None
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                _posixshmem.shm_unlink("/" + name)
+            unlink_name(name)
         _MAPPED[name] = memory
     memory.received = 1
     return memory.buffer(HEADER, size, releasing=True)
 
 
+_DTYPES: dict[str, Any] = {}
+"""numpy dtypes by their string (parsing one costs more than building the array)."""
+
+_NDARRAY: list[Any] = []
+"""``numpy.ndarray``, once an array was built (numpy is imported by then)."""
+
+
+def array_over(buffer: Any, dtype: Any, shape: Any, order: str) -> Any:
+    """An array of `shape` and `dtype` (a dtype's ``str``, or a dtype) viewing `buffer`
+    (which the array keeps as its base)."""
+    if not _NDARRAY:
+        import numpy as np
+
+        _NDARRAY.append(np.ndarray)
+    if type(dtype) is str:
+        found = _DTYPES.get(dtype)
+        if found is None:
+            import numpy as np
+
+            found = _DTYPES[dtype] = np.dtype(dtype)
+        dtype = found
+    return _NDARRAY[0](shape, dtype, buffer, 0, None, order)
+
+
+def tensor_over(buffer: Any, dtype: Any, shape: Any, strides: Any) -> Any:
+    """A tensor of `shape`, `strides` and `dtype` viewing `buffer`."""
+    import numpy as np
+    import torch
+
+    raw = torch.from_numpy(np.frombuffer(buffer, np.uint8))
+    return raw.view(dtype).as_strided(shape, strides)
+
+
 def _attach_array(
     reference: tuple[str, int, int, tuple[str, ...]], dtype: Any, shape: Any, order: str
 ) -> Any:
-    import numpy as np
-
-    flat = np.frombuffer(_delivered(reference), dtype)
-    return flat.reshape(shape, order=order)  # type: ignore[call-overload]
+    return array_over(_delivered(reference), dtype, shape, order)
 
 
 def _attach_tensor(
     reference: tuple[str, int, int, tuple[str, ...]], dtype: Any, shape: Any, strides: Any
 ) -> Any:
-    import numpy as np
-    import torch
-
-    raw = torch.from_numpy(np.frombuffer(_delivered(reference), np.uint8))
-    return raw.view(dtype).as_strided(shape, strides)
+    return tensor_over(_delivered(reference), dtype, shape, strides)
 
 
 def forget(pid: int) -> None:
@@ -427,16 +351,3 @@ def remove_names(pid: int) -> None:
     """Unlink what named segments process `pid` (a stopped sender) left, and `forget` it."""
     forget(pid)
     remove_prefixed(names_prefix(pid))
-
-
-def remove_prefixed(prefix: str) -> None:
-    """Unlink the segments whose names start with `prefix` (those of a stopped sender)."""
-    if not ENABLED:
-        return
-    try:
-        names = [name for name in os.listdir(SHM_DIR) if name.startswith(prefix)]
-    except OSError:
-        return
-    for name in names:
-        with contextlib.suppress(FileNotFoundError):
-            _posixshmem.shm_unlink("/" + name)

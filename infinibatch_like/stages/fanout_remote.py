@@ -6,8 +6,10 @@ reply at a time: ``("attach", index, pid)``, ``("next", most)``, ``("getstate", 
 ``("setstate", state)``, ``("close", held)`` (`held`: items received and not used). A
 reply is ``("ok", value)``, ``("end",)`` or ``("error", report)``; ``("next", most)`` is
 answered by ``("items", k)`` and the replies of k items (the last may be an end or an
-error), each pickled once by the owner for every consumer. The owner answers each
-consumer in a thread of its own; a consumer waits for a reply while the owner process
+error), each pickled once by the owner for every consumer, its large arrays and tensors
+in shared memory that the consumer maps as it receives them (before its next request,
+which tells the owner it may let them go). The owner answers each consumer in a thread
+of its own; a consumer waits for a reply while the owner process
 lives (an owner that dies or closes is seen at once, by the end of the socket, or within
 `POLL_S` by its pid).
 """
@@ -25,7 +27,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 from .._core.checks import require_int
 from .._core.protocol import State
-from ..background import wire
+from ..background import segments, wire
 from ..background.errors import WorkerError, as_exception
 from ..background.fanout_hub import NAME
 from ..background.fanout_server import SEND_TIMEOUT_S
@@ -45,6 +47,8 @@ class _Connection:
         self.socket = _connect(address, timeout)
         self.reader = wire.FrameReader(self.socket.fileno())
         self.owner_pid = 0
+        self.shared_prefix: str | None = None
+        """The prefix of the names of the owner's shared-memory segments."""
         self.close = weakref.finalize(self, self.socket.close)
         _CONNECTIONS.add(self)
 
@@ -57,12 +61,13 @@ class _Connection:
             wire.send_frames(self.socket, request)
         except OSError:  # the connection was reset: the owner is gone
             self._lost()
-        return self.opened(self._receive())
+        return self.opened(_unpickled(self._receive()))
 
-    def fetch(self, most: int) -> list[bytearray]:
-        """The replies of this consumer's next item and of up to `most` - 1 more."""
+    def fetch(self, most: int) -> list[tuple[Any, ...]]:
+        """The replies of this consumer's next item and of up to `most` - 1 more,
+        unpickled (their shared memory mapped) before the next request."""
         count: int = self.call(("next", most))
-        return [self._receive() for _ in range(count)]
+        return [_unpickled(self._receive()) for _ in range(count)]
 
     def _receive(self) -> bytearray:
         try:
@@ -78,6 +83,9 @@ class _Connection:
 
     def _lost(self) -> NoReturn:
         self.close()
+        prefix = self.shared_prefix
+        if prefix and not parent_alive(self.owner_pid):  # what it left in /dev/shm
+            segments.remove_prefixed(prefix, tracked=False)
         raise WorkerError(
             f"{NAME}: the owner (pid {self.owner_pid or 'unknown'}) serving "
             f"{self.address} closed or died while consumer {self.index} waited for "
@@ -85,13 +93,14 @@ class _Connection:
         )
 
     @staticmethod
-    def opened(frame: bytes | bytearray) -> Any:
+    def opened(reply: tuple[Any, ...]) -> Any:
         """The value of a reply, or its error raised (StopIteration at the end)."""
-        reply = pickle.loads(frame)
         if reply[0] == "end":
             raise StopIteration
         if reply[0] == "error":
             raise as_exception(reply[1])
+        if reply[0] == "unreadable":
+            raise reply[1]
         return reply[1]
 
     def hang_up(self) -> None:
@@ -108,7 +117,7 @@ class _Remote:
 
     def __init__(self, connection: _Connection, prefetch: int) -> None:
         self._fetch, self._opened, self._prefetch = connection.fetch, connection.opened, prefetch
-        self._replies: deque[bytearray] = deque()
+        self._replies: deque[tuple[Any, ...]] = deque()
 
     def __iter__(self) -> _Remote:
         return self
@@ -137,8 +146,8 @@ class RemoteConsumer(FanOutStage[T], Generic[T]):
         self._index, self._prefetch = index, prefetch
         self._connection = connection = _Connection(address, index, timeout)
         self._final: State | None = None
-        self._count, self._mode, connection.owner_pid = connection.call(
-            ("attach", index, os.getpid())
+        self._count, self._mode, connection.owner_pid, connection.shared_prefix = (
+            connection.call(("attach", index, os.getpid()))
         )
         self._iterator = _Remote(connection, prefetch)
 
@@ -165,6 +174,16 @@ class RemoteConsumer(FanOutStage[T], Generic[T]):
                 self._final = connection.call(("close", self._held()))
         super().close()
         connection.hang_up()
+
+
+def _unpickled(frame: bytearray) -> tuple[Any, ...]:
+    """A reply unpickled; one that cannot be: ``("unreadable", error)``, the error raised
+    at its item."""
+    try:
+        reply: tuple[Any, ...] = pickle.loads(frame)
+    except Exception as error:
+        return ("unreadable", error)
+    return reply
 
 
 def _connect(address: str, timeout: float) -> socket.socket:

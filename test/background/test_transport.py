@@ -24,6 +24,7 @@ from _waiting import wait_until
 
 import infinibatch_like.iterators as it
 from infinibatch_like import WorkerError
+from infinibatch_like.background import segments as shm_segments
 from infinibatch_like.background import shm
 from infinibatch_like.background.lifecycle import worker_pids
 
@@ -46,7 +47,7 @@ def segments() -> set[str]:
     """The transport's segments in /dev/shm, except those of other programs' live
     processes (another test run, a benchmark): this process's and dead processes'."""
     names = set()
-    for name in os.listdir(shm.SHM_DIR):
+    for name in os.listdir(shm_segments.SHM_DIR):
         if name.startswith("ibl_"):
             pid = int(name.split("_")[1])
             if pid == os.getpid() or not os.path.exists(f"/proc/{pid}"):
@@ -56,7 +57,7 @@ def segments() -> set[str]:
 
 def live_segments() -> set[str]:
     """Every segment of the transport in /dev/shm."""
-    return {name for name in os.listdir(shm.SHM_DIR) if name.startswith("ibl_")}
+    return {name for name in os.listdir(shm_segments.SHM_DIR) if name.startswith("ibl_")}
 
 
 def arrays(i: int) -> dict[str, Any]:
@@ -195,7 +196,7 @@ def test_a_worker_runs_ahead_by_about_its_buffer_not_by_what_the_pipe_holds() ->
         next(pipeline)
         time.sleep(1.0)  # small messages: the pipe alone would hold hundreds
         (pid,) = worker_pids()
-        prefix = shm.names_prefix(pid)
+        prefix = shm_segments.names_prefix(pid)
         unmapped = [name for name in live_segments() if name.startswith(prefix)]
         mapped = [name for name in shm._MAPPED if name.startswith(prefix)]
         assert len(unmapped) + len(mapped) <= 3 * 8
@@ -292,7 +293,7 @@ def test_a_killed_worker_leaves_no_segment(method: str) -> None:
     next(pipeline)
     time.sleep(0.5)
     (pid,) = worker_pids()
-    assert any(name.startswith(shm.names_prefix(pid)) for name in live_segments())
+    assert any(name.startswith(shm_segments.names_prefix(pid)) for name in live_segments())
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(WorkerError, match="died"):
         for _ in pipeline:
@@ -340,3 +341,49 @@ def test_a_killed_consumer_leaves_no_segment(method: str, tmp_path: Any) -> None
     consumer.kill()
     consumer.wait()
     assert wait_until(lambda: segments() <= before), segments() - before
+
+
+PAIR = textwrap.dedent(
+    """
+    import sys, time
+    import numpy as np
+    import infinibatch_like.iterators as it
+    from infinibatch_like.background.lifecycle import worker_pids
+
+    def item(i):
+        return np.full(100_000, i)
+
+    if __name__ == "__main__":
+        source = it.MapIterator(it.NativeCheckpointableIterator(list(range(1000))), item)
+        pipeline = it.PrefetchIterator(source, 32, start_method=sys.argv[1])
+        next(pipeline)
+        print(*worker_pids(), flush=True)
+        time.sleep(60)
+    """
+)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_worker_and_its_consumer_killed_at_once_leave_no_segment(
+    method: str, tmp_path: Any
+) -> None:
+    script = tmp_path / "pair.py"
+    script.write_text(PAIR)
+    env = {**os.environ, "PYTHONPATH": REPO}
+    consumer = subprocess.Popen(
+        [sys.executable, str(script), method],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    assert consumer.stdout is not None
+    (worker,) = (int(pid) for pid in consumer.stdout.readline().split())
+    prefix = shm_segments.names_prefix(worker)
+    assert wait_until(lambda: any(name.startswith(prefix) for name in live_segments()))
+    time.sleep(0.5)  # segments wait in the worker's pipe, not mapped
+    for pid in (worker, consumer.pid):  # neither can unlink what the other left
+        os.kill(pid, signal.SIGKILL)
+    consumer.wait()
+    left = lambda: {name for name in live_segments() if name.startswith(prefix)}  # noqa: E731
+    assert wait_until(lambda: not left()), left()

@@ -203,3 +203,32 @@ def test_a_fan_out_consumer_killed_and_restarted_consumes_the_uninterrupted_stre
     assert outcome.leaks == []
     for index in range(campaign.consumers):  # each consumer: every batch, once, in order
         assert campaign.consumed(index) == reference
+
+
+def test_a_fan_out_consumer_killed_while_mapping_arrays_leaves_no_segment(
+    corpus: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    config = harness.Config("fork", "process", "flat", arrays=True)
+    reference = harness.reference_stream(
+        harness.Campaign(tmp_path_factory.mktemp("reference-arrays"), corpus, config)
+    )
+    campaign = harness.FanOutCampaign(tmp_path_factory.mktemp("fanout-arrays"), corpus, config)
+    outcome = harness.run_fanout_campaign(campaign, 2, reference, random.Random(1))
+    assert outcome.failures == []
+    assert outcome.kills == 2
+    assert (outcome.lost, outcome.duplicated, outcome.stalls) == (0, 0, 0)
+    assert outcome.leaks == []  # /dev/shm, the resource tracker, processes
+    for index in range(campaign.consumers):
+        assert campaign.consumed(index) == reference
+
+
+def test_a_segment_named_after_a_process_of_the_run_is_a_leak() -> None:
+    name = f"ibl_{os.getpid()}_feedbeef_b0"
+    Path("/dev/shm", name).write_bytes(b"x")
+    try:
+        assert harness._segments_of({os.getpid()}) == [
+            f"/dev/shm/{name} created by process {os.getpid()} of the run and not removed"
+        ]
+        assert harness._segments_of({os.getpid() + 1}) == []
+    finally:
+        Path("/dev/shm", name).unlink()

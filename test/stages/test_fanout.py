@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import json
 import multiprocessing
 import os
@@ -526,3 +527,201 @@ def test_attaching_a_taken_consumer_is_refused_and_the_owner_closes_cleanly(
     remote.close()
     assert open_fds() == fds
     assert not Path(address).exists()
+
+
+# -- shared memory: large arrays and tensors reach consumer processes as one copy ----------
+
+ARRAY_ITEMS = 12
+
+
+def array_item(i: int) -> dict[str, Any]:
+    """An item whose array and tensor are large enough for shared memory."""
+    import numpy as np
+    import torch
+
+    return {
+        "i": i,
+        "array": np.full(1 << 18, i, dtype=np.int32),
+        "tensor": torch.full((40_000,), float(i), dtype=torch.float64).reshape(200, 200).t(),
+    }
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+def expected_record(i: int) -> list[Any]:
+    item = array_item(i)
+    tensor = item["tensor"].contiguous().numpy().tobytes()
+    return [i, _digest(item["array"].tobytes()), _digest(tensor), list(item["tensor"].stride())]
+
+
+def _segment_at(address: int) -> str | None:
+    """The /dev/shm segment whose mapping holds `address` in this process, if any."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if "/dev/shm/ibl_" in line:
+                start, end = (int(bound, 16) for bound in line.split()[0].split("-"))
+                if start <= address < end:
+                    return line.split("/dev/shm/")[1].split()[0]
+    return None
+
+
+def consume_arrays(address: str, index: int, out: str) -> None:
+    """A consumer process: records each item's digests and the segments its array and
+    tensor lie in, then writes into them (its copies are its own)."""
+    records = []
+    with attach(address, index, timeout=20, prefetch=4) as consumer:
+        for item in consumer:
+            array, tensor = item["array"], item["tensor"]
+            tensor_bytes = tensor.contiguous().numpy().tobytes()
+            records.append(
+                [
+                    [
+                        item["i"],
+                        _digest(array.tobytes()),
+                        _digest(tensor_bytes),
+                        list(tensor.stride()),
+                    ],
+                    _segment_at(array.__array_interface__["data"][0]),
+                    _segment_at(tensor.data_ptr()),
+                ]
+            )
+            array[:] = -1
+            tensor[:] = -1.0
+    Path(out).write_text(json.dumps(records))
+
+
+def owner_segments() -> list[str]:
+    prefix = f"ibl_{os.getpid()}_"
+    return [name for name in os.listdir("/dev/shm") if name.startswith(prefix)]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_large_arrays_reach_every_consumer_process_as_one_shared_copy(
+    method: str, tmp_path: Path
+) -> None:
+    with FanOut(MapIterator(native_range(ARRAY_ITEMS), array_item), 2, max_lag=3) as fan:
+        address = fan.serve(str(tmp_path / "fan.sock"))
+        outs = [tmp_path / f"out{i}" for i in range(2)]
+        context = multiprocessing.get_context(method)
+        processes = [
+            context.Process(target=consume_arrays, args=(address, i, str(outs[i])))
+            for i in range(2)
+        ]
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join(60)
+            assert process.exitcode == 0
+    got = [json.loads(out.read_text()) for out in outs]
+    expected = [expected_record(i) for i in range(ARRAY_ITEMS)]
+    for records in got:  # exact, whatever the other consumer wrote into its copies
+        assert [record[0] for record in records] == expected
+    segments = [[record[1:] for record in records] for records in got]
+    assert all(name is not None for names in segments[0] for name in names)
+    assert segments[0] == segments[1]  # the same segments: one copy for both consumers
+    assert len({name for names in segments[0] for name in names}) == 2 * ARRAY_ITEMS
+    assert not owner_segments()
+
+
+def serve_arrays_for_a_while(address: str) -> None:
+    fan = FanOut(MapIterator(native_range(10**6), array_item), 2, max_lag=4)
+    fan.serve(address)
+    fan.consumer(1)  # never read: consumer 0 waits, its items kept for consumer 1
+    time.sleep(60)
+
+
+def test_segments_of_an_owner_killed_with_sigkill_are_removed_by_its_consumers(
+    tmp_path: Path,
+) -> None:
+    address = str(tmp_path / "fan.sock")
+    owner = multiprocessing.get_context("spawn").Process(
+        target=serve_arrays_for_a_while, args=(address,)
+    )
+    owner.start()
+    try:
+        consumer = attach(address, 0, timeout=30, prefetch=2)
+        kept = next(consumer)["array"]
+        prefix = f"ibl_{owner.pid}_"
+        assert [name for name in os.listdir("/dev/shm") if name.startswith(prefix)]
+        owner.kill()
+        owner.join()  # not left a zombie, which would look alive
+        with pytest.raises(WorkerError, match="closed or died"):
+            list(consumer)
+        consumer.close()
+        assert not [name for name in os.listdir("/dev/shm") if name.startswith(prefix)]
+        assert int(kept[0]) == 0  # what it mapped stays valid
+    finally:
+        owner.kill()
+        owner.join()
+
+
+def test_no_segment_outlives_a_fan_out_whose_consumer_process_was_killed(
+    tmp_path: Path,
+) -> None:
+    with FanOut(MapIterator(native_range(40), array_item), 2, max_lag=4, timeout=60) as fan:
+        address = fan.serve(str(tmp_path / "fan.sock"))
+        killed = _start_target(kill_after_arrays, address, 1, 5)
+        local = fan.consumer(0)
+        got = [next(local)["i"] for _ in range(5)]
+        killed.join(60)
+        assert killed.exitcode == -signal.SIGKILL
+        assert owner_segments()  # items kept for the killed consumer, maybe sent to it
+        fan.close_consumer(1)
+        got += [item["i"] for item in local]
+    assert got == list(range(40))
+    assert not owner_segments()
+
+
+def kill_after_arrays(address: str, index: int, count: int) -> None:
+    consumer = attach(address, index, timeout=20, prefetch=3)
+    for _ in range(count):
+        next(consumer)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _start_target(target: Any, *args: Any) -> multiprocessing.process.BaseProcess:
+    process = multiprocessing.get_context("fork").Process(target=target, args=args)
+    process.start()
+    return process
+
+
+class CountedPickles:
+    """An item that counts how often this process pickles it."""
+
+    pickled = 0
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        type(self).pickled += 1
+        time.sleep(0.002)  # long enough for the other consumers' threads to ask for it too
+        return (int, (self.value,))
+
+
+def counted(x: int) -> CountedPickles:
+    return CountedPickles(x)
+
+
+def read_to_the_end(address: str, index: int) -> None:
+    with attach(address, index, timeout=20) as consumer:
+        assert list(consumer) == list(range(60))
+
+
+def test_each_item_is_pickled_once_whatever_the_number_of_consumer_processes(
+    tmp_path: Path,
+) -> None:
+    CountedPickles.pickled = 0
+    with FanOut(MapIterator(native_range(60), counted), 4, max_lag=8) as fan:
+        address = fan.serve(str(tmp_path / "fan.sock"))
+        processes = [_start_target(read_to_the_end, address, i) for i in range(4)]
+        for process in processes:
+            process.join(60)
+            assert process.exitcode == 0
+    assert CountedPickles.pickled == 60
+
+
+def native_range(n: int) -> NativeCheckpointableIterator:
+    return NativeCheckpointableIterator(list(range(n)))

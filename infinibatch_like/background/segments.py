@@ -1,0 +1,196 @@
+"""Shared-memory segments (``/dev/shm/ibl_<creator pid>_...``): creating and mapping
+them, their names, and their registration with multiprocessing's resource tracker. What
+travels through them, and who unlinks them when, is `shm`'s (one worker and its consumer)
+and `shm_broadcast`'s (a fan-out's owner and its consumers).
+
+Linux only (``/dev/shm``): `ENABLED` says whether segments can be used here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import mmap
+import os
+import sys
+from multiprocessing import resource_tracker
+from typing import Any
+
+try:
+    import _posixshmem  # type: ignore[import-not-found]  # CPython's, POSIX only
+except ImportError:
+    _posixshmem = None
+
+HEADER = 64
+"""Bytes before a segment's data: the flag, then alignment padding."""
+
+SHM_DIR = "/dev/shm"
+ENABLED = _posixshmem is not None and sys.platform.startswith("linux") and os.path.isdir(SHM_DIR)
+"""Whether segments can be used on this platform (the transports use them then)."""
+
+def names_prefix(pid: int) -> str:
+    """The prefix of the names of the segments that process `pid` creates."""
+    return f"ibl_{pid}_"
+
+
+def share_tracker() -> None:
+    """Start multiprocessing's resource tracker in this process if it is not running, so
+    that the worker processes started next share it (forked ones inherit it; spawned
+    ones are given it by multiprocessing)."""
+    if ENABLED:
+        resource_tracker.ensure_running()
+
+
+def _track(name: str) -> None:
+    """Register segment `name` with the resource tracker, which unlinks it if every
+    process that shares the tracker dies before one of them unlinks it."""
+    resource_tracker.register("/" + name, "shared_memory")
+
+
+def unlink_name(name: str, tracked: bool = True) -> None:
+    """Remove the name of segment `name` if it is still there; `tracked`: it was
+    registered with the resource tracker (`_track`), and is unregistered by whichever
+    process unlinks it."""
+    try:
+        _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        return
+    if tracked:
+        resource_tracker.unregister("/" + name, "shared_memory")
+
+
+class Mapping:
+    """A segment mapped into this process; unmapped when collected (or `close`d).
+
+    Mapped with libc's ``mmap``, not the `mmap` module, whose objects each keep a file
+    descriptor open: a consumer holding many items would hold as many descriptors. Its
+    first byte is the segment's flag; `buffer` gives a ctypes array over a part of it
+    that keeps the mapping alive."""
+
+    __slots__ = ("_flag", "_received", "address", "length", "pid")
+
+    def __init__(self, fd: int, length: int, sharing: int = mmap.MAP_SHARED) -> None:
+        address = _libc.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, sharing, fd, 0)
+        if address is None or address == _MAP_FAILED:
+            error = ctypes.get_errno()
+            raise OSError(error, f"cannot map a shared-memory segment: {os.strerror(error)}")
+        self.address, self.length, self.pid = address, length, os.getpid()
+        self._flag = ctypes.c_ubyte.from_address(address)
+        self._received = ctypes.c_ubyte.from_address(address + 1)
+
+    @property
+    def flag(self) -> int:
+        value: int = self._flag.value
+        return value
+
+    @flag.setter
+    def flag(self, value: int) -> None:
+        self._flag.value = value
+
+    @property
+    def received(self) -> int:
+        """The segment's second byte: set by the receiver when it decodes the message."""
+        value: int = self._received.value
+        return value
+
+    @received.setter
+    def received(self, value: int) -> None:
+        self._received.value = value
+
+    def buffer(self, offset: int, size: int, releasing: bool = False) -> Any:
+        """`size` bytes at `offset`; `releasing`: clear the flag once they are collected."""
+        view = _view_type(size, releasing).from_address(self.address + offset)
+        view.mapping = self
+        return view
+
+    def close(self) -> None:
+        if self.address:
+            _libc.munmap(self.address, self.length)
+            self.address = 0
+
+    def __del__(self) -> None:
+        self.close()
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_POPULATE: int = getattr(mmap, "MAP_POPULATE", 0)
+
+
+@functools.lru_cache(maxsize=256)
+def _view_type(size: int, releasing: bool) -> Any:
+    """A ctypes array type of `size` bytes whose instances take attributes; `releasing`:
+    whose instances `_release` their mapping when collected."""
+    namespace = {"__del__": lambda self: _release(self.mapping)} if releasing else {}
+    return type(f"segment_view_{size}", (ctypes.c_char * size,), namespace)
+
+
+def mapped(name: str, length: int, flags: int, sharing: int = mmap.MAP_SHARED) -> Mapping:
+    """Open (`flags`: os.O_CREAT... to create it) and map the segment `name`; `sharing`:
+    ``mmap.MAP_PRIVATE`` for a copy-on-write view of it (writes stay in this process)."""
+    fd = _posixshmem.shm_open("/" + name, flags, 0o600)
+    try:
+        if flags & os.O_CREAT:
+            os.ftruncate(fd, length)
+            # Reserve the pages now: on a full /dev/shm (a container's 64 MiB), writing to
+            # a page that cannot be allocated kills the process with SIGBUS.
+            os.posix_fallocate(fd, 0, length)
+            sharing |= _POPULATE  # its creator writes it all: no fault per page
+        return Mapping(fd, length, sharing)
+    finally:
+        os.close(fd)
+
+
+_PID = [os.getpid()]
+"""This process's pid (`os.getpid` is a system call)."""
+
+
+def _after_fork_in_child() -> None:
+    _PID[0] = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _release(memory: Mapping) -> None:
+    """The receiver dropped its last view of a segment: the sender may reuse it (not when
+    a forked child drops its copy of the view: the receiver may still hold it)."""
+    if memory.pid == _PID[0]:
+        memory._flag.value = 0
+
+
+class Segment:
+    __slots__ = ("capacity", "memory", "name")
+
+    def __init__(self, name: str, capacity: int, tracked: bool = True) -> None:
+        try:
+            self.memory = mapped(name, HEADER + capacity, os.O_CREAT | os.O_EXCL | os.O_RDWR)
+        except BaseException:
+            unlink_name(name, tracked=False)  # not registered yet
+            raise
+        if tracked:
+            _track(name)
+        self.name, self.capacity = name, capacity
+
+
+def remove_prefixed(prefix: str, tracked: bool = True) -> None:
+    """Unlink the segments whose names start with `prefix` (those of a stopped sender;
+    `tracked`: see `unlink_name`)."""
+    if not ENABLED:
+        return
+    try:
+        names = [name for name in os.listdir(SHM_DIR) if name.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        unlink_name(name, tracked)
