@@ -128,8 +128,8 @@ class _Remote:
         return self._opened(self._replies.popleft())
 
     def held(self) -> int:
-        """Items received and not used yet."""
-        return len(self._replies)
+        """Items received and not used yet (an end of stream received is not an item)."""
+        return sum(reply[0] != "end" for reply in self._replies)
 
 
 class RemoteConsumer(FanOutStage[T], Generic[T]):

@@ -36,7 +36,7 @@ from infinibatch_like.distributed import EqualLengthIterator
 from infinibatch_like.stages.bad_records import SkipPolicy
 from infinibatch_like.stages.fanout import FanOut, FanOutConsumer
 from infinibatch_like.stages.skipping import SkipIterator
-from infinibatch_like.testing import ContractViolation, assert_checkpointable
+from infinibatch_like.testing import assert_checkpointable
 
 CHUNKS = [[f"c{c}-{i}" for i in range(c % 4 + 1)] for c in range(9)]
 
@@ -511,15 +511,6 @@ OPTIONS: dict[str, dict[str, Any]] = {
     for name in REMOTE
 }
 
-# Case id -> a bug the case finds, not fixed yet: the case fails (strictly: it must fail)
-# until the bug is fixed.
-KNOWN_BUGS = {
-    "attach-0": "with prefetch > 1, the state taken at the end of the stream counts the "
-    "end of stream that the consumer holds as an item it has not used (taken 44 of 45), "
-    "and a fresh fan-out refuses it (C4)",
-}
-
-
 def returns_a_stage(function: Callable[..., Any]) -> bool:
     """Whether `function` is annotated to return a CheckpointableIterator (its return
     annotation's class, looked up in the function's module)."""
@@ -562,13 +553,7 @@ def contract_cases() -> list[Any]:
     for name, factories in CASES.items():
         for index, factory in enumerate(factories):
             case = f"{name}-{index}"
-            bug = KNOWN_BUGS.get(case)
-            marks = [pytest.mark.xfail(raises=ContractViolation, strict=True, reason=bug)]
-            cases.append(
-                pytest.param(
-                    name, factory, DIFFERENT.get(case), id=case, marks=marks if bug else ()
-                )
-            )
+            cases.append(pytest.param(name, factory, DIFFERENT.get(case), id=case))
     return cases
 
 
@@ -576,7 +561,6 @@ def test_every_different_factory_and_exemption_belongs_to_a_case() -> None:
     ids = {f"{name}-{index}" for name, cases in CASES.items() for index in range(len(cases))}
     assert set(DIFFERENT) <= ids
     assert set(EXEMPT) | set(OPTIONS) <= set(CASES)
-    assert set(KNOWN_BUGS) <= ids
 
 
 @pytest.fixture(scope="module")
