@@ -308,7 +308,8 @@ def test_a_pickled_prefetcher_continues_the_stream() -> None:
 
 
 _CHILD = """
-import os, sys, time
+import faulthandler, os, signal, sys, time
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the stacks, if it hangs
 sys.path.insert(0, {repo!r})
 import infinibatch_like.iterators as it
 def double(x):
@@ -334,7 +335,14 @@ def _run_child(tail: str, interrupt: bool) -> None:
     if interrupt:
         time.sleep(0.3)
         os.killpg(child.pid, signal.SIGINT)  # like Ctrl-C: the whole process group
-    child.wait(timeout=60)
+    try:
+        child.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.kill(child.pid, signal.SIGUSR1)
+        time.sleep(1)
+        os.killpg(child.pid, signal.SIGKILL)  # no process outlives the test
+        stacks = child.stderr.read() if child.stderr else ""
+        pytest.fail(f"the interpreter did not exit within 60 s; its threads:\n{stacks}")
     deadline = time.monotonic() + 20
     alive = pids
     while alive and time.monotonic() < deadline:
