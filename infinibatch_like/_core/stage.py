@@ -27,6 +27,7 @@ from .protocol import (
     State,
     StateMismatchError,
 )
+from .schema import FieldSpec, SchemaError, check_fields
 
 if TYPE_CHECKING:
     from .probe import StageProbe
@@ -76,8 +77,9 @@ class _Halted(Iterator[Any]):
 class Stage(CheckpointableIterator[T]):
     """Base class of this library's stages: state checks, failure, close and pickling.
 
-    A subclass sets ``_sources`` (its upstream iterators), ``_state_fields`` (the keys of
-    its state besides ``"stage"`` and the type each value must have) and implements
+    A subclass sets ``_sources`` (its upstream iterators), ``_state_fields`` (the fields of
+    its state besides ``"stage"``, each with the type or validator its value must fit: see
+    `infinibatch_like._core.schema`, which checks a state in one pass) and implements
     ``_state()`` and ``_restore(state | None)``. ``_restore`` puts the upstream chain into
     place (through `restore_source`) and rebuilds ``_iterator``. A stage records its
     sources' positions with `source_state` (no copy) and, if some of its arguments decide
@@ -110,7 +112,7 @@ class Stage(CheckpointableIterator[T]):
         written by version 0.1.0, is accepted unchecked).
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {}
+    _state_fields: ClassVar[Mapping[str, FieldSpec]] = {}
     _iterator: Iterator[T]
     _upstream: tuple[Iterator[Any], ...] = ()
     _consumers: list[weakref.ref[Stage[Any]]]
@@ -272,20 +274,12 @@ class Stage(CheckpointableIterator[T]):
             )
         if stage != self._name:
             raise self.mismatch(f"expected a state of {self._name}, got one of {stage!r}")
-        missing = sorted(set(self._state_fields) - set(checkpoint))
-        if missing:
-            raise self.mismatch(f"the state lacks the fields {missing}")
-        for key, kind in self._state_fields.items():
-            value = checkpoint[key]
-            kinds = kind if isinstance(kind, tuple) else (kind,)
-            if not isinstance(value, kinds) or (
-                type(value) is bool and bool not in kinds and object not in kinds
-            ):
-                names = " or ".join(getattr(option, "__name__", str(option)) for option in kinds)
-                raise self.mismatch(
-                    f"state field {key!r} has type {type(value).__name__}, expected {names}"
-                )
-        known = {"stage", *self._state_fields}
+        fields = self._state_schema()
+        try:
+            check_fields(fields, checkpoint, self)
+        except SchemaError as error:
+            raise self.mismatch(str(error)) from None
+        known = {"stage", *fields}
         fingerprint = self._fingerprint
         if fingerprint and "fingerprint" in checkpoint:  # states of 0.1.0 have none
             self._check_fingerprint(checkpoint["fingerprint"], fingerprint)
@@ -294,6 +288,11 @@ class Stage(CheckpointableIterator[T]):
         for extra in [key for key in checkpoint if key not in known]:
             del checkpoint[extra]
         return checkpoint
+
+    def _state_schema(self) -> Mapping[str, FieldSpec]:
+        """The fields of this stage's state, with their validators (`_core.schema`):
+        ``_state_fields``, plus those that only some instances write (a skip ledger)."""
+        return self._state_fields
 
     @property
     def _fingerprint(self) -> State:

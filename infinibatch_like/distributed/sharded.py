@@ -16,6 +16,7 @@ from typing import Any, ClassVar, TypeVar
 from .._core.checks import require_callable, require_checkpointable, require_int
 from .._core.fingerprint import described
 from .._core.protocol import CheckpointableIterator, State
+from .._core.schema import FieldSpec, Int, ListOf, Record
 from .._core.stage import Stage, fast_iterator, skip_items, source_state
 from ..background.lifecycle import get_context
 from ..background.stage import BackgroundStage
@@ -29,40 +30,22 @@ ShardFactory = Callable[[int, int], CheckpointableIterator[T]]
 """Builds the pipeline of shard `shard` of `num_shards`: ``factory(shard, num_shards)``
 (generic in the item type, so that a lambda factory's parameters need no annotations)."""
 
-_ENTRY_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "shard": int,
-    "source": (dict, type(None)),
-    "replay": int,
-    "delivered": int,
-    "ended": bool,
-}
+_ENTRY = Record(
+    {
+        "shard": int,
+        "source": (dict, type(None)),
+        "replay": Int(0, lambda stage: stage._max_replay, "snapshot_every"),
+        "delivered": Int(0),
+        "ended": bool,
+    }
+)
+"""A shard entry (see the module); its replay at most the stage's `snapshot_every`."""
+_FIELDS: dict[str, FieldSpec] = {"shards": ListOf(_ENTRY), "next": int}
 
 
 def owned_shards(num_shards: int, rank: int, world_size: int) -> list[int]:
     """The shards that rank `rank` of `world_size` reads: ``s % world_size == rank``."""
     return list(range(rank, num_shards, world_size))
-
-
-def check_entry(stage: Stage[Any], entry: object, max_replay: int) -> State:
-    """`entry` if it is a well-formed shard entry, else a StateMismatchError of `stage`."""
-    if not isinstance(entry, dict):
-        raise stage.mismatch(f"a shard entry must be a dict, got {type(entry).__name__}")
-    for key, kind in _ENTRY_FIELDS.items():
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        if key not in entry:
-            raise stage.mismatch(f"a shard entry lacks the field {key!r}: {entry!r}")
-        value = entry[key]
-        if not isinstance(value, kinds) or (type(value) is bool and bool not in kinds):
-            names = " or ".join(
-                "None" if option is type(None) else option.__name__ for option in kinds
-            )
-            raise stage.mismatch(f"shard entry field {key!r} is {value!r}, expected {names}")
-    if not 0 <= entry["replay"] <= max_replay or entry["delivered"] < 0:
-        raise stage.mismatch(
-            f"shard {entry['shard']}: expected 0 <= replay <= {max_replay} and delivered >= 0, "
-            f"got replay={entry['replay']}, delivered={entry['delivered']}"
-        )
-    return entry
 
 
 def next_live(shards: list[int], ended: list[bool], index: int) -> int:
@@ -87,7 +70,7 @@ class _ShardGroup(Stage[tuple[int, bool, Any]]):
         visited next (-1 once all ended).
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"shards": list, "next": int}
+    _state_fields: ClassVar[dict[str, FieldSpec]] = _FIELDS
     _replica_sources: ClassVar[bool] = True
     """Its sources are copies of one pipeline (statistics add them up)."""
 
@@ -126,7 +109,7 @@ class _ShardGroup(Stage[tuple[int, bool, Any]]):
         if state is None:
             self.restore_sources(self._pipelines, None, "shards")
         else:
-            entries = [check_entry(self, entry, self._max_replay) for entry in state["shards"]]
+            entries = state["shards"]
             if [entry["shard"] for entry in entries] != self._shards:
                 raise self.mismatch(
                     f"the state holds shards {[entry['shard'] for entry in entries]}, this "
@@ -221,7 +204,7 @@ class ShardedIterator(Stage[T]):
         state does not depend on `workers`: restore it with any number of workers.
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"shards": list, "next": int}
+    _state_fields: ClassVar[dict[str, FieldSpec]] = _FIELDS
     _pending: list[State | None]  # per shard: its restored entry, until the shard moves on
 
     def __init__(
@@ -367,7 +350,7 @@ class ShardedIterator(Stage[T]):
         self._iterator = self._generate()
 
     def _restore_entries(self, state: State) -> None:
-        entries = [check_entry(self, entry, self._max_replay) for entry in state["shards"]]
+        entries = state["shards"]
         shards = [entry["shard"] for entry in entries]
         if shards != self._owned:
             raise self.mismatch(

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import infinibatch_like.iterators as it
+from infinibatch_like import StateMismatchError
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.distributed.elastic import elastic_state
 from infinibatch_like.distributed.ranks import GATHERED_FORMAT, restore_state
@@ -246,15 +247,27 @@ def test_damaged_shard_entries_are_refused_by_field() -> None:
     pipeline = ShardedIterator(endless_factory, 4, 0, 1)
     state = pipeline.getstate()
     state["shards"][1]["replay"] = "x"
-    with pytest.raises(ValueError, match="shard entry field 'replay' is 'x', expected int"):
+    with pytest.raises(
+        StateMismatchError,
+        match=r"ShardedIterator: state field 'shards\[1\]\.replay' has type str, expected int: 'x'",
+    ):
         pipeline.setstate(state)
     state = pipeline.getstate()
     del state["shards"][0]["ended"]
-    with pytest.raises(ValueError, match="a shard entry lacks the field 'ended'"):
+    with pytest.raises(
+        StateMismatchError, match=r"state field 'shards\[0\]' lacks the fields \['ended'\]"
+    ):
         pipeline.setstate(state)
     state = pipeline.getstate()
     state["shards"][2]["replay"] = 10**9
-    with pytest.raises(ValueError, match=r"expected 0 <= replay <= 100 .* got replay=1000000000"):
+    with pytest.raises(
+        StateMismatchError,
+        match=r"'shards\[2\]\.replay' must be between 0 and snapshot_every=100, got 1000000000",
+    ):
+        pipeline.setstate(state)
+    state = pipeline.getstate()
+    state["shards"][3]["delivered"] = -1
+    with pytest.raises(StateMismatchError, match=r"'shards\[3\]\.delivered' must be >= 0, got -1"):
         pipeline.setstate(state)
 
 
