@@ -2,7 +2,7 @@
 the one validation that checks a state against them.
 
 A stage declares its fields in ``_state_fields`` (see `Stage`): each maps to a `Field`
-(`Of`, `Int`, `Real`, `ListOf`, `Pair`, `Record`, `Check`, `Omissible`) or, for a plain
+(`Of`, `Int`, `OneOf`, `Real`, `ListOf`, `Pair`, `Record`, `Check`, `Omissible`) or, for a plain
 type check, to a type or a tuple of types. `check_fields` validates a whole state in one
 pass; what it finds wrong is a `SchemaError` naming the field by its path within the
 state (``'skips.last[2]'``, ``'shards[0].replay'``) and what was wrong, which the stage
@@ -73,30 +73,57 @@ class Of(Field):
 
 
 class Int(Field):
-    """An int (not a bool) between `low` and `high` inclusive (None: unbounded).
+    """An int (not a bool) >= `low` (None: unbounded) and <= `high` (or < `below`).
 
-    `high_name` names the stage's argument that `high` is (``"snapshot_every"``), and
+    `name` names what the upper bound is (``"snapshot_every"``, ``"batch_size"``), and
     `hint` says what to do about a value beyond it.
     """
 
     def __init__(
-        self, low: Bound | None = 0, high: Bound | None = None, high_name: str = "", hint: str = ""
+        self,
+        low: Bound | None = 0,
+        high: Bound | None = None,
+        *,
+        below: Bound | None = None,
+        name: str = "",
+        hint: str = "",
     ) -> None:
-        self.low, self.high, self.high_name, self.hint = low, high, high_name, hint
+        self.low, self.high, self.below, self.name, self.hint = low, high, below, name, hint
 
     def check(self, value: object, path: str, owner: Any) -> None:
         Of(int).check(value, path, owner)
         number = cast(int, value)
         low = None if self.low is None else _bound(self.low, owner)
         high = None if self.high is None else _bound(self.high, owner)
-        if (low is None or number >= low) and (high is None or number <= high):
+        below = None if self.below is None else _bound(self.below, owner)
+        if (
+            (low is None or number >= low)
+            and (high is None or number <= high)
+            and (below is None or number < below)
+        ):
             return
-        if high is None:
-            raise SchemaError(path, f"must be >= {low}, got {number}")
-        named = f"{self.high_name}={high}" if self.high_name else str(high)
-        lowest = "" if low is None else f"{low} and "
-        problem = f"must be between {lowest}{named}, got {number}"
+        lowest = "" if low is None else f">= {low}"
+        if high is None and below is None:
+            raise SchemaError(path, f"must be {lowest}, got {number}")
+        bound = high if below is None else below
+        named = f"{self.name}={bound}" if self.name else str(bound)
+        if below is not None:
+            problem = f"must be {lowest} and < {named}" if lowest else f"must be < {named}"
+        else:
+            problem = f"must be between {low} and {named}" if lowest else f"must be <= {named}"
+        problem += f", got {number}"
         raise SchemaError(path, problem + (f"; {self.hint}" if self.hint else ""))
+
+
+class OneOf(Field):
+    """One of `values` (compared by type and value)."""
+
+    def __init__(self, *values: object) -> None:
+        self.values = values
+
+    def check(self, value: object, path: str, owner: Any) -> None:
+        if not any(type(value) is type(option) and value == option for option in self.values):
+            raise SchemaError(path, f"must be one of {list(self.values)}, got {short_repr(value)}")
 
 
 class Real(Field):
@@ -118,14 +145,27 @@ class Real(Field):
 
 class ListOf(Field):
     """A list whose items all fit `item`; with `length`, exactly that many (`per` says what
-    each stands for in the message: ``"source"``)."""
+    each stands for in the message: ``"source"``); with `most`, at most that many."""
 
-    def __init__(self, item: FieldSpec, length: Bound | None = None, per: str = "") -> None:
-        self.item, self.length, self.per = as_field(item), length, per
+    def __init__(
+        self,
+        item: FieldSpec,
+        length: Bound | None = None,
+        per: str = "",
+        *,
+        most: Bound | None = None,
+    ) -> None:
+        self.item, self.length, self.per, self.most = as_field(item), length, per, most
 
     def check(self, value: object, path: str, owner: Any) -> None:
         if not isinstance(value, list):
             raise SchemaError(path, f"must be a list, got {type(value).__name__}")
+        if self.most is not None and len(value) > _bound(self.most, owner):
+            raise SchemaError(
+                path,
+                f"holds {len(value)} items, expected at most {_bound(self.most, owner)}: "
+                f"{short_repr(value)}",
+            )
         if self.length is not None:
             length = _bound(self.length, owner)
             if len(value) != length:

@@ -275,16 +275,17 @@ class Stage(CheckpointableIterator[T]):
         if stage != self._name:
             raise self.mismatch(f"expected a state of {self._name}, got one of {stage!r}")
         fields = self._state_schema()
+        known = {"stage", *fields}
+        fingerprint = self._fingerprint
+        if fingerprint and "fingerprint" in checkpoint:  # states of 0.1.0 have none
+            # first: other arguments explain fields that do not fit (one per consumer)
+            self._check_fingerprint(checkpoint["fingerprint"], fingerprint)
+            checkpoint["fingerprint"] = fingerprint
+            known.add("fingerprint")
         try:
             check_fields(fields, checkpoint, self)
         except SchemaError as error:
             raise self.mismatch(str(error)) from None
-        known = {"stage", *fields}
-        fingerprint = self._fingerprint
-        if fingerprint and "fingerprint" in checkpoint:  # states of 0.1.0 have none
-            self._check_fingerprint(checkpoint["fingerprint"], fingerprint)
-            checkpoint["fingerprint"] = fingerprint
-            known.add("fingerprint")
         for extra in [key for key in checkpoint if key not in known]:
             del checkpoint[extra]
         return checkpoint

@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from .._core.probe import Gauges
 from .._core.protocol import CheckpointableIterator, State
+from .._core.schema import FieldSpec, Int
 from .._core.stage import Stage, source_state
 from .cursor import ReplayCursor
 
@@ -77,7 +78,16 @@ class BackgroundStage(Stage[T], Generic[T]):
         `snapshot_every`; a state with more is refused).
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"source": dict, "replay": int}
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {
+        "source": dict,
+        "replay": Int(
+            0,
+            lambda stage: stage._runner.snapshot_every,
+            name="snapshot_every",
+            hint="if the state came from a stage built with a larger snapshot_every, build this "
+            "one with it too",
+        ),
+    }
     _runner: Runner
 
     def _init_background(self, source: CheckpointableIterator[Any], runner: Runner) -> None:
@@ -100,14 +110,7 @@ class BackgroundStage(Stage[T], Generic[T]):
         if state is None:
             runner.reset(ReplayCursor(source_state(self._source), 0))
         else:
-            replay, every = state["replay"], runner.snapshot_every
-            if not 0 <= replay <= every:
-                raise self.mismatch(
-                    f"state field 'replay' must be between 0 and snapshot_every={every}, got "
-                    f"{replay}; if the state came from a stage built with a larger "
-                    "snapshot_every, build this one with it too"
-                )
-            runner.reset(ReplayCursor(state["source"], replay))
+            runner.reset(ReplayCursor(state["source"], state["replay"]))
         self._iterator = runner.generate()
 
     def start(self) -> None:

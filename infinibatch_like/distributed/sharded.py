@@ -34,7 +34,7 @@ _ENTRY = Record(
     {
         "shard": int,
         "source": (dict, type(None)),
-        "replay": Int(0, lambda stage: stage._max_replay, "snapshot_every"),
+        "replay": Int(0, lambda stage: stage._max_replay, name="snapshot_every"),
         "delivered": Int(0),
         "ended": bool,
     }

@@ -14,6 +14,7 @@ from .._core.checks import require_callable, require_checkpointable, require_int
 from .._core.notes import NOTE_PREFIX, add_note, has_library_note, short_repr
 from .._core.probe import Gauges, StageProbe
 from .._core.protocol import CheckpointableIterator, SkippableIterator, State, StateMismatchError
+from .._core.schema import FieldSpec, Int
 from .._core.stage import fast_iterator, skip_items, source_state
 from ..background.lifecycle import POLL_S, check_interrupt
 from .bad_records import BadRecord, Budget, BudgetedStage, OnError, failure, tolerant
@@ -215,9 +216,9 @@ class SelectManyIterator(BudgetedStage[Any]):
         and the ledger (bounded by ``keep_last``): a restore skips the same records.
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {
         "source": dict,
-        "consumed": int,
+        "consumed": Int(0),
     }
     _user_callables = ("collection_selector",)
 
@@ -260,8 +261,6 @@ class SelectManyIterator(BudgetedStage[Any]):
         else:
             self.restore_source(self._source, state["source"], "source")
             self._anchor, self._consumed = state["source"], state["consumed"]
-        if self._consumed < 0:
-            raise self.mismatch(f"'consumed' must be >= 0, got {self._consumed}")
         self._base = self._restore_budget(state) - self._consumed
         self._window = None
         collections = self._read_now() if self._read_ahead == 0 else self._read_early()

@@ -18,6 +18,7 @@ from .._core.rng import (
     read_mark,
     resolve_seed,
 )
+from .._core.schema import FieldSpec
 from .._core.stage import Stage, fast_iterator, source_state, state_before_last
 from .bad_records import BudgetedStage, OnError, SkipBudgetExceeded, failure
 
@@ -59,7 +60,7 @@ class MapIterator(BudgetedStage[U]):
         failing item as after an error.
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"source": dict}
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {"source": dict}
     _user_callables = ("transform",)
     _loses_input_on_error = True
 
@@ -142,7 +143,7 @@ class SamplingRandomMapIterator(Stage[U]):
         call may have drawn from the generator): restore an earlier checkpoint.
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {
         "source": dict,
         "seed": (int, str),
         **MARK_FIELDS,

@@ -17,6 +17,7 @@ from .._core.rng import (
     read_mark,
     resolve_seed,
 )
+from .._core.schema import FieldSpec
 from .._core.stage import Stage, fast_iterator, source_state
 from ._readahead import ReadAheadStage
 
@@ -82,7 +83,7 @@ class BufferedShuffleIterator(Stage[T]):
         restore re-reads nothing.
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {
         "source": dict,
         "seed": (int, str),
         **MARK_FIELDS,
