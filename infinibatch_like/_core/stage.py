@@ -27,6 +27,7 @@ from .protocol import (
     State,
     StateMismatchError,
 )
+from .regroup import NOT_ELASTIC, Regroup
 from .schema import FieldSpec, SchemaError, check_fields
 
 if TYPE_CHECKING:
@@ -131,6 +132,16 @@ class Stage(CheckpointableIterator[T]):
     _argument_labels: Mapping[str, str] = MappingProxyType({})
     """How errors name this stage's arguments where a builder set them from its own (see
     `label_arguments`)."""
+    _source_field: ClassVar[str | None] = None
+    """For a stage whose state holds its one source's state in a field: that field
+    (``"source"``). Features find the states within a state through it."""
+    _not_elastic: ClassVar[str | None] = NOT_ELASTIC
+    """Why this stage cannot sit above the `ShardedIterator` of a pipeline restored on
+    another number of ranks (the refusal shows it), or None if it can: with a
+    `_source_field`, its own fields are then the same on every rank (or adjusted by
+    `_regrouped`)."""
+    _replica_sources: ClassVar[bool] = False
+    """Whether its sources are copies of one pipeline (statistics add them up)."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Stage[T]:
         self = super().__new__(cls)
@@ -362,6 +373,22 @@ class Stage(CheckpointableIterator[T]):
             self.restore_source(
                 source, None if states is None else states[index], f"{where}[{index}]"
             )
+
+    def _state_around(self, source: State) -> State:
+        """This stage's state with its source (in `_source_field`) at `source` and
+        nothing of it held or replayed here, for a wrapper stage that can give one (a
+        background stage); a TypeError for others."""
+        raise TypeError(f"{self._name} cannot give a state around its source's")
+
+    @classmethod
+    def _regrouped(cls, states: list[Any], regroup: Regroup) -> State:
+        """This stage's state on a new number of ranks, from the states its old ranks
+        saved (elastic restore, see `infinibatch_like._core.regroup`): by default, refused
+        with `_not_elastic`, or, for a stage that declares itself elastic around its
+        `_source_field`, this rank's old fields around the regrouped sources."""
+        if cls._not_elastic is not None or cls._source_field is None:
+            raise regroup.pooling.refuse(cls.__name__, cls._not_elastic or NOT_ELASTIC)
+        return regroup.around(cls.__name__, cls._source_field, states)
 
     def mismatch(self, reason: str) -> StateMismatchError:
         """A StateMismatchError raised by this stage itself."""

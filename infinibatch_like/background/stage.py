@@ -32,6 +32,11 @@ class Runner(ABC):
     sources_in_worker_process = False
     """Whether the source is read in a worker process (with its own copy of the source)."""
 
+    pulls_source_in = "thread"
+    """Where the source's items are pulled: ``"thread"`` or ``"process"`` (a worker of
+    the stage), or ``"consumer"`` (the thread that pulls the stage's own items, which
+    hands them to its workers)."""
+
     def reset(self, cursor: ReplayCursor) -> None:
         """Continue from `cursor` (the workers are stopped)."""
         self.cursor = cursor
@@ -89,6 +94,7 @@ class BackgroundStage(Stage[T], Generic[T]):
         ),
     }
     _runner: Runner
+    _source_field = "source"
 
     def _init_background(self, source: CheckpointableIterator[Any], runner: Runner) -> None:
         self._source = source
@@ -112,6 +118,18 @@ class BackgroundStage(Stage[T], Generic[T]):
         else:
             runner.reset(ReplayCursor(state["source"], state["replay"]))
         self._iterator = runner.generate()
+
+    def _source_pulled_in(self, probe: object) -> str | None:
+        """Where this stage's source is pulled while statistics are on with `probe`:
+        ``"thread"`` or ``"process"`` (its worker), or None (where this stage is pulled, as
+        by a parallel map, or the runner does not count for `probe`)."""
+        runner = self._runner
+        if runner.probe is not probe or runner.pulls_source_in == "consumer":
+            return None
+        return runner.pulls_source_in
+
+    def _state_around(self, source: State) -> State:
+        return {"stage": self._name, "source": source, "replay": 0}
 
     def start(self) -> None:
         """Start the workers now rather than at the first ``next()``: their start-up and

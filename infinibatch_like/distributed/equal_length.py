@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 from .._core.checks import require_callable, require_checkpointable
 from .._core.fingerprint import described
 from .._core.protocol import CheckpointableIterator, State
+from .._core.regroup import Regroup
 from .._core.schema import FieldSpec, Int, OneOf
 from .._core.stage import Stage, fast_iterator, source_state
 from . import ranks
@@ -88,6 +89,26 @@ class EqualLengthIterator(Stage[T]):
         "dropped": Int(0),
     }
     _user_callables = ("fill",)
+    _source_field = "source"
+    _not_elastic = None
+
+    @classmethod
+    def _regrouped(cls, states: list[Any], regroup: Regroup) -> State:
+        """Counting afresh on the new ranks; the shards of an old rank that was past its
+        real items are ended (see `infinibatch_like.distributed.elastic`)."""
+        unit = regroup.pooling.unit
+        phases = [regroup.field(state, cls.__name__, "phase") for state in states]
+        ended = [phase == "ended" for phase in phases]
+        if any(ended) and not all(ended):
+            raise regroup.error(
+                f"the {unit}s' EqualLengthIterator states are of different steps (phases "
+                f"{phases}): every {unit} ends the pass at the same step"
+            )
+        pairs = zip(regroup.finished, phases, strict=True)
+        finished = [done or phase != "running" for done, phase in pairs]
+        result = regroup.around(cls.__name__, "source", states, finished)
+        result.update(phase="ended" if all(ended) else "running", real=0, padded=0, dropped=0)
+        return result
 
     def __init__(
         self,

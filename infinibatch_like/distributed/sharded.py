@@ -16,6 +16,7 @@ from typing import Any, ClassVar, TypeVar
 from .._core.checks import require_callable, require_checkpointable, require_int
 from .._core.fingerprint import described
 from .._core.protocol import CheckpointableIterator, State
+from .._core.regroup import Regroup
 from .._core.schema import FieldSpec, Int, ListOf, Record
 from .._core.stage import Stage, fast_iterator, skip_items, source_state
 from ..background.lifecycle import get_context
@@ -71,8 +72,7 @@ class _ShardGroup(Stage[tuple[int, bool, Any]]):
     """
 
     _state_fields: ClassVar[dict[str, FieldSpec]] = _FIELDS
-    _replica_sources: ClassVar[bool] = True
-    """Its sources are copies of one pipeline (statistics add them up)."""
+    _replica_sources = True  # copies of one pipeline (statistics add them up)
 
     def __init__(
         self, factory: ShardFactory[Any], shards: list[int], num_shards: int, max_replay: int
@@ -205,6 +205,7 @@ class ShardedIterator(Stage[T]):
     """
 
     _state_fields: ClassVar[dict[str, FieldSpec]] = _FIELDS
+    _not_elastic = None  # the stage whose shards elastic restore pools
     _pending: list[State | None]  # per shard: its restored entry, until the shard moves on
 
     def __init__(
@@ -238,7 +239,7 @@ class ShardedIterator(Stage[T]):
         self._owned = owned_shards(num_shards, rank, world_size)
         self._max_replay = snapshot_every
         self._groups: list[_ShardGroup] = []
-        self._feeds: list[CheckpointableIterator[tuple[int, bool, Any]]] = []
+        self._feeds: list[Stage[tuple[int, bool, Any]]] = []
         count = max(1, min(workers, len(self._owned)))  # no idle worker
         for worker in range(count):
             group = _ShardGroup(factory, self._owned[worker::count], num_shards, snapshot_every)
@@ -293,7 +294,7 @@ class ShardedIterator(Stage[T]):
             for shard, pipeline in zip(group._shards, group._pipelines, strict=True)
         ]
         for mixer in mixers:  # all valid before any changes
-            checked_weights("ShardedIterator.set_weights", weights, len(mixer._choices))
+            checked_weights("ShardedIterator.set_weights", weights, len(mixer.sources))
         workers = self._feeds[0] is not self._groups[0]
         if workers:  # restore the shards here, at the items delivered so far
             self.setstate(self.getstate())
@@ -307,6 +308,51 @@ class ShardedIterator(Stage[T]):
         state["shards"] = [entries[shard] for shard in self._owned]
         self.setstate(state)  # the workers start from the shards changed here
 
+    @classmethod
+    def _regrouped(cls, states: list[Any], regroup: Regroup) -> State:
+        """This rank's state on a new number of ranks: the entries of the shards it owns,
+        pooled from every old rank's (those of a finished old rank ended)."""
+        pooling, unit = regroup.pooling, regroup.pooling.unit
+        entries: dict[int, Any] = {}
+        fingerprint = None
+        for old, (old_state, done) in enumerate(zip(states, regroup.finished, strict=True)):
+            shards = regroup.field(old_state, cls.__name__, "shards")
+            fingerprint = old_state.get("fingerprint", fingerprint)
+            if not isinstance(shards, list):
+                raise regroup.error(f"{unit} {old}'s 'shards' is not a list")
+            for entry in shards:
+                shard = entry.get("shard") if isinstance(entry, dict) else None
+                if not isinstance(shard, int) or shard in entries:
+                    raise regroup.error(
+                        f"{unit} {old}'s ShardedIterator state holds shard {shard!r} "
+                        f"{'twice' if shard in entries else 'as a bad entry'}"
+                    )
+                if done:  # what its source holds now is padding, not the pass
+                    entry = {**entry, "source": None, "replay": 0, "ended": True}
+                entries[shard] = entry
+        num_shards = len(entries) if pooling.num_shards is None else pooling.num_shards
+        if sorted(entries) != list(range(num_shards)):
+            raise regroup.error(
+                f"the {unit}s' ShardedIterator states hold shards {sorted(entries)}, "
+                + (
+                    f"this pipeline has {num_shards} shards (num_shards cannot change)"
+                    if pooling.num_shards is not None
+                    else f"but not every shard from 0 to {max(entries, default=0)}: give the "
+                    f"states of every old {unit}"
+                )
+            )
+        if pooling.check_shards is not None:
+            pooling.check_shards(num_shards)
+        owned = owned_shards(num_shards, regroup.rank, regroup.world_size)
+        merged: State = {
+            "stage": cls.__name__,
+            "shards": [entries[shard] for shard in owned],
+            "next": next((s for s in owned if entries[s].get("ended") is not True), -1),
+        }
+        if fingerprint is not None:
+            merged["fingerprint"] = fingerprint
+        return merged
+
     def _worker_of(self, index: int) -> int:
         return index % len(self._feeds)
 
@@ -314,7 +360,7 @@ class ShardedIterator(Stage[T]):
         entries: dict[int, State] = {}
         for feed, group in zip(self._feeds, self._groups, strict=True):
             feed_state = source_state(feed)
-            group_state = feed_state if feed is group else feed_state["source"]
+            group_state = feed_state if feed is group else feed_state[str(feed._source_field)]
             for entry in group_state["shards"]:
                 entries[entry["shard"]] = entry
         result = []
@@ -375,11 +421,9 @@ class ShardedIterator(Stage[T]):
                 "shards": local,
                 "next": self._owned[live[0]] if live else -1,
             }
-            if feed is group:
-                self.restore_source(feed, group_state, f"workers[{worker}]")
-            else:
-                prefetch_state = {"stage": "PrefetchIterator", "source": group_state, "replay": 0}
-                self.restore_source(feed, prefetch_state, f"workers[{worker}]")
+            if feed is not group:  # the worker's PrefetchIterator, at the group's state
+                group_state = feed._state_around(group_state)
+            self.restore_source(feed, group_state, f"workers[{worker}]")
 
     def _generate(self) -> Iterator[T]:
         owned, count = self._owned, len(self._owned)

@@ -161,7 +161,7 @@ class _ReadAhead:
             reads.append(current)
         in_flight = sum(read.reading() for read in reads)
         busy = sum(read.busy_s(now) for read in reads)
-        return Gauges(ready / self._capacity, in_flight, self._capacity + 1, busy)
+        return Gauges(ready / self._capacity, in_flight, self._capacity + 1, busy, "chunks")
 
 
 class SelectManyIterator(BudgetedStage[Any]):
@@ -216,6 +216,7 @@ class SelectManyIterator(BudgetedStage[Any]):
         and the ledger (bounded by ``keep_last``): a restore skips the same records.
     """
 
+    _not_elastic = "it reads this rank's chunks, not shards"
     _state_fields: ClassVar[dict[str, FieldSpec]] = {
         "source": dict,
         "consumed": Int(0),

@@ -63,6 +63,8 @@ class MapIterator(BudgetedStage[U]):
     _state_fields: ClassVar[dict[str, FieldSpec]] = {"source": dict}
     _user_callables = ("transform",)
     _loses_input_on_error = True
+    _source_field = "source"
+    _not_elastic = None  # its state is its source's: elastic over a ShardedIterator
 
     def __init__(
         self,

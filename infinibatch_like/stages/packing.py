@@ -136,6 +136,7 @@ class PackingIterator(Stage[PackedSequence]):
         document.
     """
 
+    _not_elastic = "its open sequences hold this rank's documents"
     _state_fields: ClassVar[dict[str, FieldSpec]] = {
         "source": dict,
         "fills": ListOf(

@@ -43,6 +43,8 @@ class BlockwiseShuffleIterator(ReadAheadStage[T]):
         at a restart. No items; a restore re-reads the current block from the source.
     """
 
+    _not_elastic = "its block holds this rank's items"
+
     def __init__(
         self,
         source_iterator: CheckpointableIterator[T],
@@ -83,6 +85,7 @@ class BufferedShuffleIterator(Stage[T]):
         restore re-reads nothing.
     """
 
+    _not_elastic = "its buffer holds this rank's items"
     _state_fields: ClassVar[dict[str, FieldSpec]] = {
         "source": dict,
         "seed": (int, str),

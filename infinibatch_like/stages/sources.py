@@ -161,6 +161,7 @@ class InfinitePermutationSourceIterator(Stage[T]):
         a restore from there is exhausted at once.
     """
 
+    _not_elastic = "it reads this rank's share of the chunks"
     _state_fields: ClassVar[dict[str, FieldSpec]] = {
         "seed": (int, str),
         "position": int,

@@ -122,6 +122,7 @@ class WeightedMultiplexIterator(Stage[T]):
         redraws at most 2**24 words at C speed and re-reads nothing.
     """
 
+    _not_elastic = "its schedule belongs to this rank's sources"
     _item_cost: Callable[[Any], int] | None = None
     """What each item adds to its source's count: None counts items (subclasses: a cost)."""
     _state_fields: ClassVar[dict[str, FieldSpec]] = {

@@ -7,6 +7,7 @@ from typing import Any, TypedDict
 
 from .._core.probe import StageProbe, current_gauges, probe_of
 from .._core.protocol import CheckpointableIterator
+from .._core.stage import Stage
 from ..background.stage import BackgroundStage
 from ._storage import storage
 
@@ -56,6 +57,9 @@ class StageStats(TypedDict):
     yet taken over its `buffer_size` (at most 1); a parallel map's tasks in flight over
     `tasks_in_flight`; a chunk read-ahead's collections read and waiting over
     `read_ahead`. For a stage in a worker process, as that worker last sent it."""
+    unit: str
+    """What the stage's workers take up and `in_flight` counts: ``"items"``, or
+    ``"chunks"`` for a chunk read-ahead (whose workers are readers)."""
     in_flight: int | None
     """A prefetcher's items produced by its worker and not yet taken by the consumer (in
     its queue, a worker process's outbox and pipe, the rest of the batch being taken); a
@@ -156,9 +160,10 @@ def _visit(
     exact = 0.0 if probe is None else probe.exact_s
     sources = [s for s in getattr(stage, "_sources", ()) if isinstance(s, CheckpointableIterator)]
     inner = runs_in
-    if isinstance(stage, BackgroundStage) and probe is not None and stage._runner.probe is probe:
-        inner = _sources_run_in(stage, path, runs_in)
-    replicas = getattr(stage, "_replica_sources", False)
+    where = stage._source_pulled_in(probe) if isinstance(stage, BackgroundStage) else None
+    if probe is not None and where is not None:
+        inner = f"worker {where} of {path}"
+    replicas = isinstance(stage, Stage) and stage._replica_sources
     children = [
         _visit(
             source,
@@ -201,15 +206,6 @@ def _child_paths(
     return f"{path}.sources[{index}] > {name}", f"{pattern}.sources[{copy}] > {name}"
 
 
-def _sources_run_in(stage: BackgroundStage[Any], path: str, runs_in: str) -> str:
-    runner = stage._runner
-    mode = getattr(runner, "mode", "thread")
-    if type(stage).__name__ == "ParallelMapIterator":
-        return runs_in  # the consumer dispatches the source's items itself
-    kind = "process" if mode == "process" else "thread"
-    return f"worker {kind} of {path}"
-
-
 def _entry(
     stage: CheckpointableIterator[Any],
     probe: StageProbe | None,
@@ -235,6 +231,7 @@ def _entry(
         "worker_busy_s": None,
         "workers": None,
         "queue_fill": None,
+        "unit": "items",
         "in_flight": None,
         "work_s": 0.0,
         "share": 0.0,
@@ -250,6 +247,7 @@ def _entry(
     gauges = current_gauges(stage)
     if probe is not None and gauges is not None:
         entry["queue_fill"], entry["in_flight"] = gauges.queue_fill, gauges.in_flight
+        entry["unit"] = gauges.unit
         if gauges.workers is not None:
             entry["workers"] = gauges.workers
             entry["worker_busy_s"] = probe.worker_busy_s + gauges.busy_s

@@ -804,6 +804,7 @@ def test_a_collective_wait_is_reported_as_waiting_for_the_slow_rank(
     from _ranks import Member, ThreadGroup, run_ranks
 
     from infinibatch_like.distributed import ranks as distributed
+    from infinibatch_like.distributed.equal_length import EqualLengthIterator
 
     monkeypatch.setattr(
         distributed, "all_reduce_max", lambda flags, m: m.group.reduce(m.rank, flags)
@@ -814,7 +815,7 @@ def test_a_collective_wait_is_reported_as_waiting_for_the_slow_rank(
     def rank(index: int) -> tuple[list[stats.StageStats], str]:
         source = it.NativeCheckpointableIterator(list(range(20)))
         step = functools.partial(nap, 0.010 if index == 2 else 0.0)  # rank 2 is slow
-        pipeline = distributed.EqualLengthIterator(
+        pipeline = EqualLengthIterator(
             it.MapIterator(source, step), group=Member(group, index)
         )
         stats.enable(pipeline)
