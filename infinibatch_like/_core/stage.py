@@ -93,6 +93,12 @@ class Stage(CheckpointableIterator[T]):
     `buffer_size` becomes a shuffle's `block_size`) names them with `label_arguments`, so
     that a refused state names the argument the user passed.
 
+    Features ask stages for capabilities that the stage classes declare, never for
+    class names or private fields: ``_state_fields`` (validated by `_core.schema`),
+    ``_source_field`` (where a wrapper's state holds its source's), ``_not_elastic`` and
+    ``_regrouped`` (restores on another number of ranks), ``_replica_sources``
+    (statistics add up copies of one pipeline).
+
     The base class gives every stage the contract's guarantees: states in and out are
     snapshots (`getstate` copies the state once, at the stage it is called on, and
     `setstate` copies what it is given); keys added to a state by the caller are ignored
