@@ -3,6 +3,8 @@ machinery a stage needs.
 
 - `protocol`: `CheckpointableIterator`, `SkippableIterator`, `StateMismatchError`, `State`.
 - `stage`: `Stage`, the base of every stage of the library (states, restores, pickling).
+- `schema`: the state fields a stage declares, with validators, and their one check.
+- `regroup`: what elastic restore gives the stages that regroup their states themselves.
 - `checks`: checks of constructor arguments (naming the stage and the argument).
 - `notes`: which stage's user callable raised an error (the note added to it).
 - `probe`: the per-stage counters of `infinibatch_like.stats`.
