@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from infinibatch_like.datasets import chunked_dataset_iterator
-from infinibatch_like.distributed.equal_length import EqualLengthIterator
 from infinibatch_like.distributed.ranks import (
+    EqualLengthIterator,
     gather_state,
     rank_and_world_size,
     restore_state,

@@ -31,9 +31,9 @@ import infinibatch_like.iterators as it
 from infinibatch_like import StateMismatchError
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.distributed.elastic import elastic_state
-from infinibatch_like.distributed.equal_length import EqualLengthIterator
 from infinibatch_like.distributed.ranks import (
     GATHERED_FORMAT,
+    EqualLengthIterator,
     gather_state,
     rank_and_world_size,
     restore_state,
