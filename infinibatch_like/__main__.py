@@ -16,11 +16,12 @@ import json
 import random
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from itertools import islice
 from pathlib import Path
 
 from infinibatch_like.datasets import chunked_dataset_iterator
+from infinibatch_like.io import read_lines
 from infinibatch_like.iterators import BucketedReadaheadBatchIterator, CheckpointableIterator
 from infinibatch_like.prepare import cli as prepare_cli
 
@@ -56,16 +57,9 @@ def write_chunks(lines: Sequence[str], directory: Path) -> list[str]:
     return paths
 
 
-def read_chunk(path: str) -> Iterator[str]:
-    """Yield the lines of one gzip chunk file."""
-    with gzip.open(path, "rt", encoding="utf-8") as chunk:
-        text = chunk.read()
-    return iter(text.splitlines())
-
-
 def build_pipeline(chunk_paths: list[str], seed: int) -> CheckpointableIterator[list[str]]:
     """Randomized, infinite reading of the chunks, then length-bucketed dynamic batches."""
-    lines = chunked_dataset_iterator(chunk_paths, read_chunk, buffer_size=BUFFER_SIZE, seed=seed)
+    lines = chunked_dataset_iterator(chunk_paths, read_lines, buffer_size=BUFFER_SIZE, seed=seed)
     return BucketedReadaheadBatchIterator(
         lines,
         read_ahead=READ_AHEAD,

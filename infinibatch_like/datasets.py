@@ -7,7 +7,7 @@ from math import gcd
 from typing import Any, TypeVar, overload
 
 from ._core.checks import require_callable, require_int
-from ._core.notes import short_repr
+from ._core.names import short_repr
 from ._core.protocol import CheckpointableIterator
 from .stages.bad_records import OnError, resolve_on_error
 from .stages.flatten import SelectManyIterator

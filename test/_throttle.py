@@ -2,8 +2,9 @@
 
 `ThrottlingProxy` forwards every request unchanged and sends each answer's body no faster
 than `rate` bytes per second, per request (as object stores cap each connection), so that
-only requests in flight at once add up to more. It counts the requests by method, and the
-body bytes of the GET answers per object path (counted as the answer starts).
+only requests in flight at once add up to more. It counts the requests by method, the body
+bytes of the GET answers per object path (counted as the answer starts), and the answers
+being sent; an answer whose client closed its connection ends at its next write.
 Use it as a context manager, or call `stop`.
 """
 
@@ -19,15 +20,17 @@ from typing import Any
 from _s3 import _relay
 
 SLICE = 1 << 16
-"""Bytes written at a time (the pacing step)."""
+"""Bytes written at a time (the pacing step), by default."""
 
 
 class ThrottlingProxy:
     """A proxy on 127.0.0.1 in front of `target` (a URL) capping each answer at `rate`
-    bytes per second (None: no cap); `endpoint` is its URL."""
+    bytes per second (None: no cap; it may be changed at any time, also for the answers
+    being sent), written `step` bytes at a time; `endpoint` is its URL."""
 
-    def __init__(self, target: str, rate: float | None) -> None:
-        self.target, self.rate = target, rate
+    def __init__(self, target: str, rate: float | None, step: int = SLICE) -> None:
+        self.target, self.rate, self.step = target, rate, step
+        self._sending = 0
         self._lock = threading.Lock()
         self._requests: Counter[str] = Counter()
         self._gets: Counter[str] = Counter()
@@ -68,6 +71,15 @@ class ThrottlingProxy:
         with self._lock:
             return sum(n for path, n in self._bytes.items() if part in path)
 
+    def answering(self) -> int:
+        """Answers whose body is being sent now."""
+        with self._lock:
+            return self._sending
+
+    def sending(self, change: int) -> None:
+        with self._lock:
+            self._sending += change
+
     def reset(self) -> None:
         with self._lock:
             self._requests.clear()
@@ -107,11 +119,17 @@ def _handler_class(proxy: ThrottlingProxy) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if self.command == "HEAD":
                 return
-            started = time.perf_counter()
-            for offset in range(0, len(payload), SLICE):
-                self.wfile.write(payload[offset : offset + SLICE])
-                if proxy.rate:  # sleep until the bytes sent so far are due
-                    due = started + (offset + SLICE) / proxy.rate
-                    time.sleep(max(0.0, due - time.perf_counter()))
+            started, step = time.perf_counter(), proxy.step
+            proxy.sending(1)
+            try:
+                for offset in range(0, len(payload), step):
+                    self.wfile.write(payload[offset : offset + step])
+                    if proxy.rate:  # sleep until the bytes sent so far are due
+                        due = started + (offset + step) / proxy.rate
+                        time.sleep(max(0.0, due - time.perf_counter()))
+            except (BrokenPipeError, ConnectionResetError):  # the client closed it
+                self.close_connection = True
+            finally:
+                proxy.sending(-1)
 
     return Handler

@@ -28,8 +28,8 @@ import torch.distributed as dist
 
 import infinibatch_like.iterators as it
 from infinibatch_like.datasets import chunked_dataset_iterator
+from infinibatch_like.distributed import gather_state, rank_and_world_size, restore_state
 from infinibatch_like.distributed.elastic import elastic_state
-from infinibatch_like.distributed.ranks import gather_state, rank_and_world_size, restore_state
 from infinibatch_like.distributed.sharded import ShardedIterator
 from infinibatch_like.stages.sources import create_source_iterator
 

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch import nn
 
 from infinibatch_like.datasets import chunked_dataset_iterator
-from infinibatch_like.distributed.ranks import (
+from infinibatch_like.distributed import (
     EqualLengthIterator,
     gather_state,
     rank_and_world_size,

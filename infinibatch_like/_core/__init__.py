@@ -2,9 +2,14 @@
 machinery a stage needs.
 
 - `protocol`: `CheckpointableIterator`, `SkippableIterator`, `StateMismatchError`, `State`.
-- `stage`: `Stage`, the base of every stage of the library (states, restores, pickling).
+- `stage`: `Stage`, the base of every stage of the library (states, restores, close), and
+  the restore observers (statistics and the marking of consumers subscribe).
 - `schema`: the state fields a stage declares, with validators, and their one check.
 - `regroup`: what elastic restore gives the stages that regroup their states themselves.
+- `graph`: the one walk over a pipeline's stages, the one path format, stages' reprs.
+- `arguments`: a stage's stream-deciding arguments (fingerprint, checks, labels).
+- `pickling`: a stage pickles as its constructor call and its state.
+- `names`: short reprs and callables' names, for messages.
 - `checks`: checks of constructor arguments (naming the stage and the argument).
 - `notes`: which stage's user callable raised an error (the note added to it).
 - `probe`: the per-stage counters of `infinibatch_like.stats`.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .notes import callable_name
+from .names import callable_name
 from .protocol import CheckpointableIterator
 
 

@@ -16,13 +16,15 @@ refuses where the source cannot step back.
 from __future__ import annotations
 
 import inspect
-import reprlib
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from types import CodeType, FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+
+from .graph import Node, sources_of, stages
+from .names import callable_name, short_repr
 
 if TYPE_CHECKING:
     from .stage import Stage
@@ -31,18 +33,6 @@ NOTE_PREFIX = "(raised "
 """The library's notes on errors start with this (so that an error is noted once)."""
 
 _NO_ITEM: Any = object()
-
-
-def short_repr(value: object, limit: int = 80) -> str:
-    """``repr(value)`` cut in the middle to about `limit` characters (so that a path keeps
-    its file name); nested containers are cut too."""
-    short = reprlib.Repr()
-    short.maxstring = short.maxother = limit
-    text = short.repr(value)
-    if len(text) <= limit:
-        return text
-    head = (limit - 3) // 2
-    return f"{text[:head]}...{text[len(text) - (limit - 3 - head) :]}"
 
 
 def add_note(error: BaseException, note: str) -> None:
@@ -79,20 +69,8 @@ class Raiser:
 
 
 def pipeline_stages(pipeline: object) -> list[Stage[Any]]:
-    """The stages of `pipeline`, outermost first (each once), following ``_sources``."""
-    from .stage import Stage
-
-    found: list[Stage[Any]] = []
-    seen: set[int] = set()
-    pending = [pipeline]
-    while pending:
-        stage = pending.pop()
-        if id(stage) in seen or not isinstance(stage, Stage):
-            continue
-        seen.add(id(stage))
-        found.append(stage)
-        pending.extend(reversed(stage._sources))
-    return found
+    """The stages of `pipeline`, outermost first (each once)."""
+    return cast("list[Stage[Any]]", stages(pipeline))
 
 
 def user_callables(stage: Stage[Any]) -> list[tuple[str, Callable[..., Any]]]:
@@ -219,15 +197,6 @@ def note_error(pipeline: object, error: BaseException) -> None:
         pass
 
 
-def callable_name(function: object) -> str:
-    if isinstance(function, partial):
-        return f"partial({callable_name(function.func)})"
-    name = getattr(function, "__qualname__", None)
-    if not isinstance(name, str):  # a callable object
-        name = type(function).__qualname__
-    return name.rpartition("<locals>.")[2]
-
-
 def _frames(error: BaseException) -> list[FrameType]:
     frames = []
     trace = error.__traceback__
@@ -269,14 +238,12 @@ def _closest(
 
 
 def _map_chain(stage: Stage[Any]) -> Iterator[Stage[Any]]:
-    """`stage`, then the upstream stages that run inside its pulls as builtin ``map``s."""
-    from .stage import Stage
-
+    """`stage`, then the upstream stages that run inside its pulls as builtin ``map``s
+    (or ``filter``s)."""
     yield stage
-    current = stage
-    while len(current._sources) == 1:
-        source = current._sources[0]
-        if not isinstance(source, Stage) or type(source._iterator) is not map:
+    current: object = stage
+    while len(upstream := sources_of(current)) == 1 and isinstance(upstream[0], Node):
+        current = cast("Stage[Any]", upstream[0])
+        if type(current._iterator) not in (map, filter):
             return
-        yield source
-        current = source
+        yield current

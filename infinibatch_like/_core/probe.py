@@ -2,8 +2,8 @@
 statistics are on, and the transport of worker processes' counters to the consumer.
 
 A probe wraps its stage's item iterator (``_iterator``) each time the stage is restored
-(`Stage._set`), so that downstream stages, which pull from it directly, pull through the
-probe. The wrapper is C-level (``chain.from_iterable`` over ``islice`` stretches, see
+(it observes `Stage._set`), so that downstream stages, which pull from it directly, pull
+through the probe. The wrapper is C-level (``chain.from_iterable`` over ``islice`` stretches, see
 `infinibatch_like._core.stretch`): a Python frame runs once per stretch, not per item. It
 counts every item exactly and times one pull per stretch; stretch lengths are drawn at random (mean
 `sample_every`), before the pull they follow, so that sampling never locks onto a periodic
@@ -27,8 +27,9 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 from typing import Any, NamedTuple, TypeVar
 
+from .graph import walk
 from .protocol import CheckpointableIterator
-from .stage import Stage
+from .stage import Stage, observe_restores
 from .stretch import stretch, yielded
 
 T = TypeVar("T")
@@ -181,13 +182,18 @@ def probe_of(stage: object) -> StageProbe | None:
     return getattr(stage, "_probe", None) if isinstance(stage, Stage) else None
 
 
-def walk(pipeline: CheckpointableIterator[Any]) -> Iterator[CheckpointableIterator[Any]]:
-    """`pipeline` and its upstream stages, depth first, sources in order."""
-    yield pipeline
-    if isinstance(pipeline, Stage):
-        for source in pipeline._sources:
-            if isinstance(source, CheckpointableIterator):
-                yield from walk(source)
+def _attach(stage: Stage[Any], direct: bool) -> None:
+    """After a restore of `stage`, with statistics on: count what its new iterator yields."""
+    if stage._probe is not None:
+        stage._probe.attach(stage)
+
+
+observe_restores(_attach)
+
+
+def _stages(pipeline: CheckpointableIterator[Any]) -> list[CheckpointableIterator[Any]]:
+    """`pipeline` and its upstream iterators, in `walk` order."""
+    return [place.stage for place in walk(pipeline)]
 
 
 def instrument(pipeline: CheckpointableIterator[Any], sample_every: int | None) -> None:
@@ -195,7 +201,7 @@ def instrument(pipeline: CheckpointableIterator[Any], sample_every: int | None) 
     pipeline in place from its own state, which rebuilds every item iterator (wrapped or
     not). The stream continues exactly where it was (checkpoint contract C2)."""
     state = pipeline.getstate()
-    for index, stage in enumerate(walk(pipeline)):
+    for index, stage in enumerate(_stages(pipeline)):
         if isinstance(stage, Stage):
             old = stage._probe
             if old is not None:
@@ -252,7 +258,7 @@ class WorkerStats:
 
     def __init__(self, source: CheckpointableIterator[Any], sample_every: int) -> None:
         instrument(source, sample_every)  # fresh probes: forked ones hold the parent's counts
-        self._stages = list(walk(source))
+        self._stages = _stages(source)
         self._probes = [probe_of(stage) for stage in self._stages]
         self._sent: list[Counters] = [_ZERO for _ in self._probes]
         self._due = 0.0
@@ -279,7 +285,7 @@ def absorb_delta(source: CheckpointableIterator[Any], delta: Delta) -> None:
     """Add a worker's `delta` to the probes of the consumer's copy of `source`, whose
     stages then show the gauges it sent."""
     counters, gauges = delta
-    for stage, values, stage_gauges in zip(walk(source), counters, gauges, strict=False):
+    for stage, values, stage_gauges in zip(_stages(source), counters, gauges, strict=False):
         probe = probe_of(stage)
         if probe is not None:
             probe.absorb(values)

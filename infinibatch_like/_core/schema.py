@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias, cast
 
-from .notes import short_repr
+from .names import short_repr
 
 Bound: TypeAlias = int | Callable[[Any], int]
 """A bound: a number, or a function of the stage whose state is checked."""

@@ -9,17 +9,14 @@ States are computed on demand from what each stage tracks, never pickled.
 
 from __future__ import annotations
 
-import contextlib
-import inspect
-import pickle
-import threading
-import weakref
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
+from .arguments import StreamArguments
+from .graph import Node, consumers_of, step_to
 from .notes import note_error
+from .pickling import Rebuildable
 from .protocol import (
     GATHERED_FORMAT,
     CheckpointableIterator,
@@ -75,8 +72,8 @@ class _Halted(Iterator[Any]):
         raise RuntimeError(self._message) from self._cause
 
 
-class Stage(CheckpointableIterator[T]):
-    """Base class of this library's stages: state checks, failure, close and pickling.
+class Stage(Node, StreamArguments, Rebuildable[T]):
+    """Base class of this library's stages: states, restores, failure and close.
 
     A subclass sets ``_sources`` (its upstream iterators), ``_state_fields`` (the fields of
     its state besides ``"stage"``, each with the type or validator its value must fit: see
@@ -86,12 +83,14 @@ class Stage(CheckpointableIterator[T]):
     sources' positions with `source_state` (no copy) and, if some of its arguments decide
     the stream, returns them from ``_arguments()``. A stage built with user callables names
     their parameters in ``_user_callables``, so that an error they raise gets a note naming
-    the stage (see `_callables`); if such an error consumes the item the callable was given
+    the stage (see `notes`); if such an error consumes the item the callable was given
     (a builtin ``map``), ``_loses_input_on_error`` makes the state step the source back to
     that item, or `getstate` refuse the undefined position until the next `setstate`.
-    A function that builds stages from its own arguments (``chunked_dataset_iterator``'s
-    `buffer_size` becomes a shuffle's `block_size`) names them with `label_arguments`, so
-    that a refused state names the argument the user passed.
+    A base class that needs setting up offers ``_init_<base>(...)``, which sets fields
+    only; a stage calls those of its bases in its ``__init__``, then ``self._restore(None)``
+    last, as every stage does. A function that builds stages from its own arguments
+    (``chunked_dataset_iterator``'s `buffer_size` becomes a shuffle's `block_size`) names
+    them with `label_arguments`, so that a refused state names the argument the user passed.
 
     Features ask stages for capabilities that the stage classes declare, never for
     class names or private fields: ``_state_fields`` (validated by `_core.schema`),
@@ -121,23 +120,18 @@ class Stage(CheckpointableIterator[T]):
 
     _state_fields: ClassVar[Mapping[str, FieldSpec]] = {}
     _iterator: Iterator[T]
-    _upstream: tuple[Iterator[Any], ...] = ()
-    _consumers: list[weakref.ref[Stage[Any]]]
     _closed: bool = False
+    _closed_state: State | None = None
+    _closed_reason: str = ""
+    _desync: str | None = None
+    _probe: StageProbe | None = None
+    """Statistics' counters while they are on (`infinibatch_like.stats`), else None."""
     _user_callables: ClassVar[tuple[str, ...]] = ()
     """Constructor parameters that take user callables (named in error notes)."""
     _loses_input_on_error: ClassVar[bool] = False
     """Whether an error in a user callable consumes the item it was called on."""
     _lost_input: str | None = None
-    _closed_state: State | None = None
-    _closed_reason: str = ""
-    _desync: str | None = None
-    _init_args: tuple[tuple[Any, ...], dict[str, Any]]
-    _probe: StageProbe | None = None
-    """Statistics' counters while they are on (`infinibatch_like.stats`), else None."""
-    _argument_labels: Mapping[str, str] = MappingProxyType({})
-    """How errors name this stage's arguments where a builder set them from its own (see
-    `label_arguments`)."""
+    """Why the position is undefined after such an error (None: it is defined)."""
     _source_field: ClassVar[str | None] = None
     """For a stage whose state holds its one source's state in a field: that field
     (``"source"``). Features find the states within a state through it."""
@@ -146,50 +140,6 @@ class Stage(CheckpointableIterator[T]):
     another number of ranks (the refusal shows it), or None if it can: with a
     `_source_field`, its own fields are then the same on every rank (or adjusted by
     `_regrouped`)."""
-    _replica_sources: ClassVar[bool] = False
-    """Whether its sources are copies of one pipeline (statistics add them up)."""
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Stage[T]:
-        self = super().__new__(cls)
-        self._init_args = (args, kwargs)
-        self._consumers = []
-        return self
-
-    @property
-    def _name(self) -> str:
-        return type(self).__name__
-
-    @property
-    def source(self) -> Iterator[Any]:
-        """The iterator this stage reads from, as the paths of errors and statistics name it
-        (``MapIterator.source > SelectManyIterator``).
-
-        Raises:
-            AttributeError: for a stage with several sources (see `sources`) or none.
-        """
-        if len(self._upstream) != 1:
-            raise AttributeError(
-                f"{self._name} has {len(self._upstream)} sources, not one: see its .sources"
-            )
-        return self._upstream[0]
-
-    @property
-    def sources(self) -> tuple[Iterator[Any], ...]:
-        """The iterators this stage reads from, in the order the paths of errors and
-        statistics number them (``ZipIterator.sources[1] > MapIterator``)."""
-        return self._upstream
-
-    @property
-    def _sources(self) -> tuple[Iterator[Any], ...]:
-        """The upstream iterators; setting them registers this stage as their consumer."""
-        return self._upstream
-
-    @_sources.setter
-    def _sources(self, sources: tuple[Iterator[Any], ...]) -> None:
-        self._upstream = tuple(sources)
-        for source in self._upstream:
-            if isinstance(source, Stage):
-                source._consumers.append(weakref.ref(self))
 
     # -- iteration ---------------------------------------------------------------------
 
@@ -208,6 +158,19 @@ class Stage(CheckpointableIterator[T]):
                     error,
                 )
             raise
+
+    # -- after an error in a user callable (see `notes`) ---------------------------------
+
+    def _fields_after_lost_input(self) -> State:
+        """The state's fields after a user callable of this stage raised on an item taken
+        from the source: by default none (RuntimeError saying why); a stage whose source
+        can step back one item (`state_before_last`) returns the fields that re-attempt it."""
+        raise RuntimeError(self._lost_input)
+
+    def _state_before_last(self) -> State | None:
+        """The state that yields this stage's last yielded item again, or None if the
+        stage cannot tell. Asked only after an error lost that item downstream."""
+        return None
 
     # -- checkpoints -------------------------------------------------------------------
 
@@ -233,46 +196,21 @@ class Stage(CheckpointableIterator[T]):
             state["fingerprint"] = fingerprint
         return state
 
-    def _fields_after_lost_input(self) -> State:
-        """The state's fields after a user callable of this stage raised on an item taken
-        from the source: by default none (RuntimeError saying why); a stage whose source
-        can step back one item (`state_before_last`) returns the fields that re-attempt it."""
-        raise RuntimeError(self._lost_input)
-
-    def _state_before_last(self) -> State | None:
-        """The state that yields this stage's last yielded item again, or None if the
-        stage cannot tell. Asked only after an error lost that item downstream."""
-        return None
-
     def setstate(self, checkpoint: State | None) -> None:
-        self._desync_consumers()
-        self._set(None if checkpoint is None else copy_plain(checkpoint))
+        self._set(None if checkpoint is None else copy_plain(checkpoint), direct=True)
 
-    def _set(self, checkpoint: State | None) -> None:
-        """`setstate` without copying `checkpoint` (this stage may keep parts of it)."""
+    def _set(self, checkpoint: State | None, direct: bool = False) -> None:
+        """`setstate` without copying `checkpoint` (this stage may keep parts of it); then
+        the restore observers are told (`direct`: called on this stage by the user rather
+        than by a consumer restoring its sources), even if the restore failed part way."""
         if self._closed:
             raise RuntimeError(f"{self._name}.setstate: the iterator is closed")
         self._lost_input = self._desync = None
-        self._restore(None if checkpoint is None else self._checked(checkpoint))
-        if self._probe is not None:  # statistics on: count what the new iterator yields
-            self._probe.attach(self)
-
-    def _desync_consumers(self) -> None:
-        """Mark every stage downstream of this one as no longer matching its source."""
-        pending: list[Stage[Any]] = [self]
-        while pending:
-            for ref in pending.pop()._consumers:
-                consumer = ref()
-                if consumer is None or consumer._closed or consumer._desync is not None:
-                    continue
-                consumer._desync = (
-                    f"{consumer._name} no longer matches its source: {self._name}, which it "
-                    f"consumes, was restored directly with {self._name}.setstate(); restore "
-                    "the outermost stage (the one you iterate) instead, with "
-                    "pipeline.setstate(state) or pipeline.setstate(None)"
-                )
-                consumer._iterator = _Halted(consumer._desync, None)
-                pending.append(consumer)
+        try:
+            self._restore(None if checkpoint is None else self._checked(checkpoint))
+        finally:
+            for observer in _RESTORE_OBSERVERS:
+                observer(self, direct)
 
     def _checked(self, checkpoint: object) -> State:
         """`checkpoint` checked against this stage, with keys the caller added removed.
@@ -286,7 +224,7 @@ class Stage(CheckpointableIterator[T]):
         if stage is None and checkpoint.get("format") == GATHERED_FORMAT:
             raise self.mismatch(
                 "this is every rank's state gathered by gather_state(); restore it with "
-                "infinibatch_like.distributed.ranks.restore_state(pipeline, state), which gives "
+                "infinibatch_like.distributed.restore_state(pipeline, state), which gives "
                 "each rank its own"
             )
         if stage != self._name:
@@ -312,62 +250,22 @@ class Stage(CheckpointableIterator[T]):
         ``_state_fields``, plus those that only some instances write (a skip ledger)."""
         return self._state_fields
 
-    @property
-    def _fingerprint(self) -> State:
-        cached: State | None = self.__dict__.get("_fingerprint_cache")
-        if cached is None:
-            cached = self.__dict__["_fingerprint_cache"] = self._arguments()
-        return cached
-
-    def _arguments(self) -> State:
-        """The arguments that decide the stream, as small plain data (computed once).
-
-        A state taken with other values is refused, naming the argument. Arguments that
-        may change at a restart (sizes of background buffers, read-ahead) are left out.
-        """
-        return {}
-
-    def label_arguments(self, labels: Mapping[str, str]) -> Stage[T]:
-        """Name some of this stage's arguments, in errors, as the builder of the pipeline
-        named the arguments they came from (``{"block_size": "chunked_dataset_iterator's
-        buffer_size"}``); returns the stage."""
-        self._argument_labels = MappingProxyType(dict(labels))
-        return self
-
-    def _argument_changed(self, name: str, saved: object, own: object) -> StateMismatchError:
-        """The error for a state taken with another value of the argument `name`."""
-        label = self._argument_labels.get(name)
-        taken = f"{name}={saved!r}, this stage has {name}={own!r}"
-        if label is not None:
-            taken = f"{label}={saved!r}, this pipeline has {own!r} ({self._name}'s {name})"
-        return self.mismatch(
-            f"the checkpoint was taken with {taken}; this argument decides the stream and "
-            "cannot change at a restart"
-        )
-
-    def _check_fingerprint(self, saved: object, own: State) -> None:
-        if not isinstance(saved, dict):
-            raise self.mismatch(f"state field 'fingerprint' must be a dict, got {saved!r}")
-        for name, value in own.items():
-            if name not in saved:
-                raise self.mismatch(f"the state's fingerprint lacks the argument {name!r}")
-            if type(saved[name]) is not type(value) or saved[name] != value:
-                raise self._argument_changed(name, saved[name], value)
-
-    def restore_source(self, source: Iterator[Any], state: State | None, where: str) -> None:
-        """Set `source` to `state`, naming `where` (e.g. ``"source"``) in mismatch errors."""
+    def restore_source(self, source: Iterator[Any], state: State | None) -> None:
+        """Set `source` (one of this stage's sources) to `state`; a mismatch error names
+        the path through this stage (``MapIterator.source > ...``)."""
         try:
             if isinstance(source, Stage):
                 source._set(state)
             elif isinstance(source, CheckpointableIterator):
                 source.setstate(state)
         except StateMismatchError as error:
-            raise error.within(f"{self._name}.{where}") from None
+            raise error.within(f"{self._name}{step_to(self, source)}") from None
 
     def restore_sources(
         self, sources: Sequence[Iterator[Any]], states: list[Any] | None, where: str
     ) -> None:
-        """Restore each of `sources` from `states` (None resets them all)."""
+        """Restore each of `sources` from `states` (None resets them all), the list held
+        by the state's field `where`."""
         if states is not None and len(states) != len(sources):
             raise self.mismatch(
                 f"the checkpoint holds {len(states)} {where} states, this stage has {len(sources)}"
@@ -376,9 +274,7 @@ class Stage(CheckpointableIterator[T]):
             if not isinstance(state, dict):
                 raise self.mismatch(f"{where}[{index}] must be a dict, got {state!r}")
         for index, source in enumerate(sources):
-            self.restore_source(
-                source, None if states is None else states[index], f"{where}[{index}]"
-            )
+            self.restore_source(source, None if states is None else states[index])
 
     def _state_around(self, source: State) -> State:
         """This stage's state with its source (in `_source_field`) at `source` and
@@ -395,10 +291,6 @@ class Stage(CheckpointableIterator[T]):
         if cls._not_elastic is not None or cls._source_field is None:
             raise regroup.pooling.refuse(cls.__name__, cls._not_elastic or NOT_ELASTIC)
         return regroup.around(cls.__name__, cls._source_field, states)
-
-    def mismatch(self, reason: str) -> StateMismatchError:
-        """A StateMismatchError raised by this stage itself."""
-        return StateMismatchError(reason, (self._name,))
 
     @abstractmethod
     def _state(self) -> State: ...
@@ -422,83 +314,40 @@ class Stage(CheckpointableIterator[T]):
             if isinstance(source, CheckpointableIterator):
                 source.close()
 
-    # -- pickling: rebuild from the constructor arguments, then restore the state --------
 
-    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
-        if self._closed:
-            raise pickle.PicklingError(f"cannot pickle {self._name}: it is closed")
-        self._check_picklable_callables(protocol)
-        return _rebuilt(self, self.getstate())
+RestoreObserver = Callable[[Stage[Any], bool], None]
+"""Told of each restore of a stage: ``observer(stage, direct)`` (see `Stage._set`)."""
 
-    def _check_picklable_callables(self, protocol: Any) -> None:
-        args, kwargs = self._init_args
-        signature = inspect.signature(type(self).__init__)
-        named = signature.bind_partial(self, *args, **kwargs).arguments
-        for param, value in list(named.items())[1:]:
-            if callable(value) and not isinstance(value, (type, CheckpointableIterator)):
-                try:
-                    getattr(_PICKLING, "dumps", pickle.dumps)(value, protocol)
-                except Exception as error:
-                    raise pickle.PicklingError(
-                        f"cannot pickle {self._name}: its {param} {value!r} cannot be pickled "
-                        f"({error}); use a module-level function or functools.partial"
-                    ) from error
+_RESTORE_OBSERVERS: list[RestoreObserver] = []
 
 
-_PICKLING = threading.local()
+def observe_restores(observer: RestoreObserver) -> None:
+    """Call `observer` after every restore of every stage, from now on."""
+    _RESTORE_OBSERVERS.append(observer)
 
 
-@contextlib.contextmanager
-def callable_pickling(dumps: Callable[[Any, Any], bytes]) -> Iterator[None]:
-    """Within this block, stages being pickled check their callables with `dumps` (e.g.
-    ``cloudpickle.dumps``, which pickles lambdas) instead of plain pickle."""
-    _PICKLING.dumps = dumps
-    try:
-        yield
-    finally:
-        del _PICKLING.dumps
+def _desync_consumers(stage: Stage[Any], direct: bool) -> None:
+    """After a `setstate` called on `stage` itself: mark every stage downstream of it as no
+    longer matching its source (their ``next()`` and ``getstate()`` raise until the
+    outermost stage is restored)."""
+    if not direct:
+        return
+    pending: list[Node] = [stage]
+    while pending:
+        for consumer in consumers_of(pending.pop()):
+            if not isinstance(consumer, Stage) or consumer._closed or consumer._desync is not None:
+                continue
+            consumer._desync = (
+                f"{consumer._name} no longer matches its source: {stage._name}, which it "
+                f"consumes, was restored directly with {stage._name}.setstate(); restore "
+                "the outermost stage (the one you iterate) instead, with "
+                "pipeline.setstate(state) or pipeline.setstate(None)"
+            )
+            consumer._iterator = _Halted(consumer._desync, None)
+            pending.append(consumer)
 
 
-class _Unrestored:
-    """Pickles a source stage without its state (the outer stage restores the chain)."""
-
-    def __init__(self, stage: Stage[Any]) -> None:
-        self.stage = stage
-
-    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
-        self.stage._check_picklable_callables(protocol)
-        return _rebuilt(self.stage, None)
-
-
-def _rebuilt(stage: Stage[Any], state: State | None) -> tuple[Any, ...]:
-    """How pickle rebuilds `stage`: from its constructor arguments, restored to `state`,
-    with the argument labels its builder gave it."""
-    args, kwargs = stage._init_args
-    rebuild = (_rebuild, (type(stage), _unrestored(args), _unrestored(kwargs), state))
-    labels = stage.__dict__.get("_argument_labels")
-    return rebuild if labels is None else (*rebuild, {"_argument_labels": dict(labels)})
-
-
-def _unrestored(value: Any) -> Any:
-    if isinstance(value, Stage):
-        return _Unrestored(value)
-    if type(value) in (list, tuple) and any(isinstance(item, Stage) for item in value):
-        return type(value)(_unrestored(item) for item in value)
-    if type(value) is dict and any(isinstance(item, Stage) for item in value.values()):
-        return {key: _unrestored(item) for key, item in value.items()}
-    return value
-
-
-def _rebuild(
-    cls: Callable[..., Stage[Any]],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    state: State | None,
-) -> Stage[Any]:
-    stage = cls(*args, **kwargs)
-    if state is not None:
-        stage.setstate(state)
-    return stage
+observe_restores(_desync_consumers)
 
 
 def state_before_last(source: Iterator[Any]) -> State | None:
@@ -506,20 +355,23 @@ def state_before_last(source: Iterator[Any]) -> State | None:
     return source._state_before_last() if isinstance(source, Stage) else None
 
 
-def skip_items(stage: Stage[Any], iterator: Iterator[Any], n: int, what: str) -> None:
-    """Skip `n` items of `iterator` while `stage` restores (with its ``skip`` where it is a
-    `SkippableIterator`); a mismatch if it ends early."""
+def skip_items(iterator: Iterator[Any], count: int, owner: str, what: str) -> None:
+    """Pass over the `count` items of `iterator` that a checkpoint says were consumed
+    (with its ``skip`` where it is a `SkippableIterator`), while the stage `owner` restores
+    (or its worker replays); a StateMismatchError naming `owner` if it ends early."""
     if isinstance(iterator, SkippableIterator):
-        skipped = iterator.skip(n)
-        if skipped < n:
-            raise stage.mismatch(
-                f"the checkpoint skips {n} items of {what}, but there are only {skipped}"
+        skipped = iterator.skip(count)
+        if skipped < count:
+            raise StateMismatchError(
+                f"the checkpoint skips {count} items of {what}, but there are only {skipped}",
+                (owner,),
             )
         return
-    for index in range(n):
+    for index in range(count):
         try:
             next(iterator)
         except StopIteration:
-            raise stage.mismatch(
-                f"the checkpoint skips {n} items of {what}, but there are only {index}"
+            raise StateMismatchError(
+                f"the checkpoint skips {count} items of {what}, but there are only {index}",
+                (owner,),
             ) from None

@@ -16,17 +16,16 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, NamedTuple
 
+from .._core.graph import chain
 from .._core.probe import WorkerStats
 from .._core.protocol import CheckpointableIterator
-from .._core.stage import fast_iterator, source_state
+from .._core.stage import fast_iterator, skip_items, source_state
 from ..io._counts import ReadsSince
 from . import shm, wire
-from .cursor import replay
 from .errors import (
     ErrorReport,
     WorkerError,
     as_exception,
-    chain_names,
     died,
     local_error,
     report_error,
@@ -94,7 +93,7 @@ def produce(production: Production, pace: Pace | None = None) -> Iterator[Messag
     """
     source, skip, every, max_batch, owner, _ = production
     pull = fast_iterator(source)
-    replay(pull, skip, owner)
+    skip_items(pull, skip, owner, "its source after the snapshot")
     getstate: Callable[[], Any] = partial(source_state, source)
     if skip:
         yield Batch([], Mark(0, getstate()))
@@ -244,7 +243,7 @@ class ThreadChannel(Channel):
 def thread_channel(production: Production, slots: int, warn_empty: bool) -> ThreadChannel:
     """`produce` in a worker thread."""
     name = production.owner
-    where = f"in the worker thread of {name} (reading {chain_names(production.source)})"
+    where = f"in the worker thread of {name} (reading {chain(production.source)})"
     source = production.source
     return ThreadChannel(produce(production), slots, name, warn_empty, where, None, source)
 
@@ -400,15 +399,15 @@ class ProcessChannel(Channel):
         name = self.name = production.owner
         context = get_context(name, start_method)
         method = context.get_start_method()
-        chain = chain_names(production.source)
+        reading = chain(production.source)
         payload = None
         if method != "fork":
-            what = f"source pipeline ({chain})"
+            what = f"source pipeline ({reading})"
             payload = wire.dumps_for_worker(name, what, production.source, method)
             production = production._replace(source=None)  # type: ignore[arg-type]
         super().__init__()
         self._warn_empty = warn_empty
-        where = f"in the worker process of {name} (start method {method!r}, reading {chain})"
+        where = f"in the worker process of {name} (start method {method!r}, reading {reading})"
         self._produced = context.RawValue("q", 0) if production.stats_every else None
         self._receiver, writer = context.Pipe(duplex=False)
         self._process: BaseProcess = context.Process(  # type: ignore[attr-defined]

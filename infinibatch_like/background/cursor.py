@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from .._core.protocol import State, StateMismatchError
+from .._core.protocol import State
 from .messages import Mark
 
 
@@ -67,16 +67,3 @@ class ReplayCursor:
                 break
             position, snapshot = later, later_snapshot
         return {"source": snapshot, "replay": consumed - position}
-
-
-def replay(pull: Iterator[Any], count: int, owner: str) -> None:
-    """Skip the `count` items of `pull` that a checkpoint says were consumed."""
-    for index in range(count):
-        try:
-            next(pull)
-        except StopIteration:
-            raise StateMismatchError(
-                f"the checkpoint replays {count} items after its snapshot, but the source "
-                f"ends after {index}",
-                (owner,),
-            ) from None

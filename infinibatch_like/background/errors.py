@@ -11,10 +11,9 @@ from __future__ import annotations
 import pickle
 import signal
 import traceback
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from .._core.notes import add_note, callable_origin
-from .._core.stage import Stage
 
 
 class WorkerError(RuntimeError):
@@ -41,20 +40,6 @@ class ErrorReport(NamedTuple):
     traceback_text: str
     pickled: bytes | None
     """The exception itself, pickled, or None if it does not survive a pickle round trip."""
-
-
-def chain_names(source: object) -> str:
-    """``"MapIterator > SelectManyIterator > ..."``: the stages of a pipeline, outermost first."""
-    names: list[str] = []
-    current: object = source
-    while True:
-        names.append(type(current).__name__)
-        upstream: tuple[Any, ...] = current._sources if isinstance(current, Stage) else ()
-        if len(upstream) != 1 or len(names) > 12:
-            if len(upstream) > 1:
-                names.append("(...)")
-            return " > ".join(names)
-        current = upstream[0]
 
 
 def report_error(error: BaseException, where: str, pipeline: object = None) -> ErrorReport:

@@ -7,6 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any, ClassVar, Generic, TypeVar
 
+from .._core.graph import Place, walk
 from .._core.probe import Gauges
 from .._core.protocol import CheckpointableIterator, State
 from .._core.schema import FieldSpec, Int
@@ -75,7 +76,8 @@ class BackgroundStage(Stage[T], Generic[T]):
     """A stage whose items come from a `Runner` over one source: checkpoints, restore,
     early start, close and garbage collection are handled here.
 
-    A subclass checks its arguments, builds its runner and calls `_init_background`.
+    A subclass checks its arguments, builds its runner, calls `_init_background` and
+    then, like every stage, ``self._restore(None)``.
 
     Checkpoint:
         ``{"source", "replay"}``: the source's state at the last snapshot at or before the
@@ -97,11 +99,11 @@ class BackgroundStage(Stage[T], Generic[T]):
     _source_field = "source"
 
     def _init_background(self, source: CheckpointableIterator[Any], runner: Runner) -> None:
+        """Read `source` through `runner` (fields only: see `Stage`)."""
         self._source = source
         self._sources = (source,)
         self._runner = runner
         self._finalizer = weakref.finalize(self, runner.stop)
-        self._restore(None)
 
     def _state(self) -> State:
         return self._runner.cursor.state()
@@ -112,7 +114,7 @@ class BackgroundStage(Stage[T], Generic[T]):
     def _restore(self, state: State | None) -> None:
         runner = self._runner
         runner.stop()
-        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self.restore_source(self._source, None if state is None else state["source"])
         if state is None:
             runner.reset(ReplayCursor(source_state(self._source), 0))
         else:
@@ -154,11 +156,13 @@ def start_background(pipeline: CheckpointableIterator[Any]) -> None:
     Stages inside a worker process (the source of a process `PrefetchIterator`) start
     with that worker. Stages that are not background stages are left as they are.
     """
-    if isinstance(pipeline, Stage) and not (
-        isinstance(pipeline, BackgroundStage) and pipeline._runner.sources_in_worker_process
-    ):
-        for source in pipeline._sources:
-            if isinstance(source, CheckpointableIterator):
-                start_background(source)
-    if isinstance(pipeline, BackgroundStage):
-        pipeline.start()
+    places = list(walk(pipeline, _reads_here))
+    for place in reversed(places):  # sources first: a worker never starts one it reads
+        if isinstance(place.stage, BackgroundStage):
+            place.stage.start()
+
+
+def _reads_here(place: Place) -> bool:
+    """Whether the sources of the stage at `place` are read in this process."""
+    stage = place.stage
+    return not (isinstance(stage, BackgroundStage) and stage._runner.sources_in_worker_process)

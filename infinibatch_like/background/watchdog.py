@@ -11,9 +11,9 @@ import weakref
 from typing import Any, Literal, TypeVar
 
 from .._core.checks import require_checkpointable
+from .._core.graph import chain, sources_of, walk
 from .._core.protocol import CheckpointableIterator, State
 from .._core.stage import Stage
-from .errors import chain_names
 from .lifecycle import (
     POLL_S,
     Resource,
@@ -180,9 +180,13 @@ class _Monitor:
 def describe_wait(pipeline: CheckpointableIterator[Any], consumer: int) -> str:
     """Which stage of `pipeline` the thread `consumer` waits in, by its chain path, and
     what that stage waits on: its source and its workers."""
-    paths = stage_paths(pipeline)
+    paths: dict[int, str] = {}
     owners: dict[int, Stage[Any]] = {}
-    for stage, _ in paths.values():
+    for place in walk(pipeline):
+        stage = place.stage
+        if not isinstance(stage, Stage):
+            continue
+        paths[id(stage)] = place.path
         owners[id(stage)] = stage
         if isinstance(stage, BackgroundStage):
             runner = stage._runner
@@ -196,8 +200,8 @@ def describe_wait(pipeline: CheckpointableIterator[Any], consumer: int) -> str:
         frame = frame.f_back
     if waiting is None:
         return f"the consumer is inside next() of {type(pipeline).__name__}"
-    path = paths[id(waiting)][1]
-    sources = " and ".join(chain_names(source) for source in waiting._sources) or "(none)"
+    path = paths[id(waiting)]
+    sources = " and ".join(chain(source) for source in sources_of(waiting)) or "(none)"
     text = f"{path} is waiting on its source {sources}"
     pids = [pid for worker in _workers(waiting) for pid in worker.pids()]
     if isinstance(waiting, BackgroundStage):
@@ -213,21 +217,3 @@ def _workers(stage: Stage[Any]) -> list[Resource]:
     runner = stage._runner
     found = [getattr(runner, name, None) for name in ("channel", "pool")]
     return [worker for worker in found if isinstance(worker, Resource)]
-
-
-def stage_paths(pipeline: object) -> dict[int, tuple[Stage[Any], str]]:
-    """Each stage of `pipeline` (by id) with its chain path from the outermost stage,
-    e.g. ``MapIterator > PrefetchIterator > SelectManyIterator``."""
-    found: dict[int, tuple[Stage[Any], str]] = {}
-    pending: list[tuple[object, str]] = [(pipeline, "")]
-    while pending:
-        stage, prefix = pending.pop()
-        if not isinstance(stage, Stage) or id(stage) in found:
-            continue
-        path = f"{prefix}{stage._name}"
-        found[id(stage)] = (stage, path)
-        sources = stage._sources
-        for index, source in enumerate(sources):
-            step = f"{path} > " if len(sources) == 1 else f"{path}.sources[{index}] > "
-            pending.append((source, step))
-    return found

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._core.stage import callable_pickling
+from .._core.pickling import callable_pickling
 
 PROTOCOL = pickle.HIGHEST_PROTOCOL
 

@@ -27,16 +27,19 @@ Checkpoint:
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import os
 import re
 import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from .._core.protocol import State
+from ..io import ChunkFormatError
+from ..io._store import StorageOptions, Store
+from ..io.listing import find_files
+from ..io.output import output_in
+from ..io.retry import RetryPolicy
+from ..io.streams import open_stream
 from .format import FORMAT, VERSION, CheckpointFileError, pipeline_fingerprint
 from .format import decode as _decode
 from .format import encode as _encode
@@ -90,7 +93,8 @@ def save_checkpoint(
     *,
     step: int | None = None,
     keep: int | None = None,
-    storage_options: Mapping[str, Any] | None = None,
+    storage_options: StorageOptions | None = None,
+    retry: RetryPolicy | None = None,
 ) -> str:
     """Write `state` (e.g. ``pipeline.getstate()``) to `path`, atomically, as JSON.
 
@@ -106,6 +110,8 @@ def save_checkpoint(
             the ``keep - 1`` highest other steps; None keeps every file. Files that another
             process removed first are no error.
         storage_options: passed to fsspec for URLs (credentials, endpoints).
+        retry: the retry policy of transient failures of the store (uploads, listings and
+            removals; `DEFAULT_RETRY` if None).
 
     Returns:
         The path or URL written.
@@ -126,16 +132,21 @@ def save_checkpoint(
     if not isinstance(state, dict):
         raise TypeError(f"save_checkpoint: state must be a dict, got {type(state).__name__}")
     data = _encode(f"save_checkpoint({target!r})", state, step)
-    _write_atomically(target, data, storage_options)
+    store = Store.of(storage_options, retry)
+    with output_in(target, store) as file:
+        file.write(data)
     if keep is not None:
-        others = [old for _, old in _steps(os.fspath(path), storage_options) if old != target]
+        others = [old for _, old in _steps(os.fspath(path), store) if old != target]
         for old in others[: len(others) - (keep - 1)]:
-            _remove(old, storage_options)
+            store.remove(old)
     return target
 
 
 def load_checkpoint(
-    path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
+    path: str | os.PathLike[str],
+    *,
+    storage_options: StorageOptions | None = None,
+    retry: RetryPolicy | None = None,
 ) -> State:
     """Read a state written by `save_checkpoint`.
 
@@ -151,6 +162,8 @@ def load_checkpoint(
             name, the intact file with the highest step is read (see `load_checkpoint_info`
             to know which).
         storage_options: passed to fsspec for URLs.
+        retry: the retry policy of transient failures of the store (`DEFAULT_RETRY` if
+            None).
 
     Returns:
         The state, ready for ``pipeline.setstate(...)``.
@@ -167,13 +180,14 @@ def load_checkpoint(
             content does not match its checksum (edited or damaged); for a ``{step}``
             pattern, if every matching file is refused, naming each.
     """
-    return _load(os.fspath(path), storage_options, fallback=True).state
+    return _load(os.fspath(path), Store.of(storage_options, retry), fallback=True).state
 
 
 def load_checkpoint_info(
     path: str | os.PathLike[str],
     *,
-    storage_options: Mapping[str, Any] | None = None,
+    storage_options: StorageOptions | None = None,
+    retry: RetryPolicy | None = None,
     fallback: bool = True,
 ) -> LoadedCheckpoint:
     """`load_checkpoint`, telling which file and step were read and which were refused.
@@ -181,6 +195,8 @@ def load_checkpoint_info(
     Args:
         path: as for `load_checkpoint`.
         storage_options: passed to fsspec for URLs.
+        retry: the retry policy of transient failures of the store (`DEFAULT_RETRY` if
+            None).
         fallback: with a ``{step}`` pattern, whether a refused newest file makes the next
             older file be tried (with a `DamagedCheckpointWarning`); False raises the
             newest file's error instead.
@@ -191,22 +207,22 @@ def load_checkpoint_info(
     Raises:
         CheckpointNotFoundError, CheckpointFileError: as `load_checkpoint`.
     """
-    return _load(os.fspath(path), storage_options, fallback=fallback)
+    return _load(os.fspath(path), Store.of(storage_options, retry), fallback=fallback)
 
 
 def _load(
-    pattern: str, storage_options: Mapping[str, Any] | None, *, fallback: bool
+    pattern: str, store: Store, *, fallback: bool
 ) -> LoadedCheckpoint:
     if not _has_step_field("load_checkpoint", pattern):
-        state, step = _load_file(pattern, None, storage_options)
+        state, step = _load_file(pattern, None, store)
         return LoadedCheckpoint(state, pattern, step)
-    found = _steps(pattern, storage_options)
+    found = _steps(pattern, store)
     if not found:
         raise CheckpointNotFoundError(f"load_checkpoint: no checkpoint file matches {pattern!r}")
     refused: list[tuple[str, str]] = []
     for step, source in reversed(found):
         try:
-            state, _ = _load_file(source, step, storage_options)
+            state, _ = _load_file(source, step, store)
         except CheckpointFileError as error:
             if not fallback:
                 raise
@@ -234,10 +250,10 @@ def _reasons(refused: list[tuple[str, str]]) -> str:
 
 
 def _load_file(
-    source: str, step: int | None, storage_options: Mapping[str, Any] | None
+    source: str, step: int | None, store: Store
 ) -> tuple[State, int | None]:
     """(state, step) of the checkpoint file `source`; `step` is that of its name, if any."""
-    state, recorded = _decode(source, _read(source, storage_options))
+    state, recorded = _decode(source, _read(source, store))
     if step is not None and recorded is not None and recorded != step:
         raise CheckpointFileError(
             f"{source}: the file name says step {step}, the checkpoint was saved at step "
@@ -286,35 +302,22 @@ def _step_matcher(pattern: str) -> re.Pattern[str]:
     return re.compile(re.escape(before) + r"(\d+)" + re.escape(after))
 
 
-def _steps(pattern: str, storage_options: Mapping[str, Any] | None) -> list[tuple[int, str]]:
+def _steps(pattern: str, store: Store) -> list[tuple[int, str]]:
     """(step, path) of the existing files matching the ``{step}`` pattern, by step."""
     matcher = _step_matcher(pattern)
     name = _name_of(pattern)
     directory = pattern[: len(pattern) - len(name)]
     found: list[tuple[int, str]] = []
-    for entry in _list_names(directory, storage_options):
+    for entry in _list_names(directory, store):
         match = matcher.fullmatch(entry)
         if match:
             found.append((int(match.group(1)), directory + entry))
     return sorted(found)
 
 
-# Storage: `infinibatch_like.io` (local paths and fsspec URLs), imported on first use so
-# that importing the package does not load it.
-
-
-def _write_atomically(target: str, data: bytes, storage_options: Mapping[str, Any] | None) -> None:
-    from ..io import open_output
-
-    with open_output(target, storage_options=storage_options) as file:
-        file.write(data)
-
-
-def _read(source: str, storage_options: Mapping[str, Any] | None) -> bytes:
-    from ..io import ChunkFormatError, open_chunk
-
+def _read(source: str, store: Store) -> bytes:
     try:
-        with open_chunk(source, storage_options=storage_options) as file:
+        with open_stream(source, store) as file:
             return file.read()
     except FileNotFoundError as error:  # io.ChunkNotFoundError
         raise CheckpointNotFoundError(f"{source}: no such checkpoint file") from error
@@ -322,22 +325,9 @@ def _read(source: str, storage_options: Mapping[str, Any] | None) -> bytes:
         raise CheckpointFileError(f"{source}: {error}") from None
 
 
-def _list_names(directory: str, storage_options: Mapping[str, Any] | None) -> list[str]:
-    from ..io import list_chunks
-
+def _list_names(directory: str, store: Store) -> list[str]:
     try:
-        found = list_chunks(glob.escape(directory) + "*", storage_options=storage_options)
+        found = find_files(glob.escape(directory) + "*", store)
     except FileNotFoundError:  # io.ChunkNotFoundError: no file matches
         return []
     return [_name_of(path) for path in found]
-
-
-def _remove(path: str, storage_options: Mapping[str, Any] | None) -> None:
-    from ..io._storage import filesystem, is_url
-
-    with contextlib.suppress(FileNotFoundError):  # another process removed it first
-        if is_url(path):
-            fs, inner = filesystem(path, storage_options)
-            fs.rm_file(inner)
-        else:
-            os.unlink(path)

@@ -21,12 +21,23 @@ step, on when the pass ends.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .._core.protocol import CheckpointableIterator, State
+from .._core.graph import Place, walk
+from .._core.protocol import GATHERED_FORMAT, CheckpointableIterator, State
 from .._core.regroup import NOT_ELASTIC, Pooling, Regroup, describe
 from .._core.stage import Stage
+from .ranks import group_rank_and_size
 from .sharded import ShardedIterator
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+
+def _passes_through(place: Place) -> bool:
+    """Whether the stage at `place` may sit above the `ShardedIterator` (as it declares)."""
+    stage = place.stage
+    return isinstance(stage, Stage) and stage._not_elastic is None and bool(stage._source_field)
 
 
 def why_not_elastic(stage: str) -> str:
@@ -69,9 +80,9 @@ def elastic_state(
             f"factory, or relaunch with {len(states)} ranks"
         )
 
-    stage: Any = iterator
-    while isinstance(stage, Stage) and stage._not_elastic is None and stage._source_field:
-        stage = stage.source
+    stage = next(  # the first stage below the pass-through ones
+        place.stage for place in walk(iterator, _passes_through) if not _passes_through(place)
+    )
     if not isinstance(stage, ShardedIterator):
         why = stage._not_elastic if isinstance(stage, Stage) else None
         raise refuse(type(stage).__name__, why or NOT_ELASTIC)
@@ -103,3 +114,47 @@ def _stage_of(states: list[Any], pooling: Pooling) -> str:
             f"got {[describe(state) for state in states]}"
         )
     return stages[0]
+
+
+def restore_state(
+    iterator: CheckpointableIterator[Any],
+    state: dict[str, Any],
+    group: ProcessGroup | None = None,
+) -> None:
+    """Restore `iterator` on this rank from a `gather_state` result (a local call).
+
+    Each rank takes the state of its own rank in `group` (default: the whole job). Every
+    rank must restore from the same gathered dict. On another number of ranks, a pipeline
+    built on a `ShardedIterator` (under MapIterator stages and an EqualLengthIterator
+    only) takes the entries of the shards it now owns from every old rank's state
+    (`elastic_state`): every shard continues exactly where it stopped, on exactly one rank.
+
+    Raises:
+        ValueError: if `state` is not a `gather_state` result, or was gathered on another
+            number of ranks and the pipeline is not elastic (naming the stage and why).
+        StateMismatchError: (a ValueError) if this rank's state does not fit `iterator`.
+    """
+    if not isinstance(state, dict):
+        raise ValueError(
+            f"restore_state: expected a dict made by gather_state, got {type(state).__name__}"
+        )
+    if state.get("format") != GATHERED_FORMAT:
+        raise ValueError(
+            "restore_state: expected a dict made by gather_state (with 'format': "
+            f"{GATHERED_FORMAT!r}), got one with keys {sorted(state)}; a state from "
+            "iterator.getstate() is restored with iterator.setstate()"
+        )
+    saved_size, states = state.get("world_size"), state.get("ranks")
+    if not (
+        type(saved_size) is int and isinstance(states, list) and len(states) == saved_size >= 1
+    ):
+        raise ValueError(
+            "restore_state: the gathered state is corrupt: expected 'world_size' >= 1 and as "
+            f"many 'ranks' states, got world_size={saved_size!r} and "
+            f"{len(states) if isinstance(states, list) else type(states).__name__} states"
+        )
+    rank, world_size = group_rank_and_size("restore_state", group)
+    if world_size != saved_size:
+        iterator.setstate(elastic_state(iterator, states, rank, world_size))
+        return
+    iterator.setstate(states[rank])

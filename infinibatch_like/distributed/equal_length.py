@@ -148,7 +148,7 @@ class EqualLengthIterator(Stage[T]):
         return {"source": source_state(self._source), "phase": self._phase, **self.counts}
 
     def _restore(self, state: State | None) -> None:
-        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self.restore_source(self._source, None if state is None else state["source"])
         if state is None:
             self._phase, self._real, self._padded, self._dropped = "running", 0, 0, 0
         else:
@@ -158,7 +158,7 @@ class EqualLengthIterator(Stage[T]):
 
     def _restarted(self) -> Iterator[T]:
         """The source, restarted from the start of the share (to repeat it as padding)."""
-        self.restore_source(self._source, None, "source")
+        self.restore_source(self._source, None)
         return fast_iterator(self._source)
 
     def _generate(self) -> Iterator[T]:

@@ -72,7 +72,9 @@ def _process_group_module() -> ModuleType | None:
     return None
 
 
-def _group_rank_and_size(owner: str, group: ProcessGroup | None) -> tuple[int, int]:
+def group_rank_and_size(owner: str, group: ProcessGroup | None) -> tuple[int, int]:
+    """This rank and the number of ranks in `group` (None: the whole job); `owner` names
+    the caller in errors."""
     dist = _process_group_module()
     if dist is not None:
         return int(dist.get_rank(group)), int(dist.get_world_size(group))
@@ -93,10 +95,10 @@ def gather_state(
     A collective call: every rank of `group` (default: the whole job) must call it at the
     same point (typically where the model is checkpointed). Rank 0 alone can then save the
     result next to the model, e.g. ``torch.save({"model": ..., "data": gathered}, path)``;
-    `restore_state` gives each rank its own part back. The states travel through
-    ``torch.distributed.all_gather_object`` (with the NCCL backend, call
-    ``torch.cuda.set_device`` first, as that function requires). Without a process group
-    and with a world size of 1 it needs no torch at all.
+    `infinibatch_like.distributed.elastic.restore_state` gives each rank its own part
+    back. The states travel through ``torch.distributed.all_gather_object`` (with the
+    NCCL backend, call ``torch.cuda.set_device`` first, as that function requires).
+    Without a process group and with a world size of 1 it needs no torch at all.
 
     Returns:
         ``{"format": GATHERED_FORMAT, "world_size": W, "ranks": [state_0, ..., state_W-1]}``
@@ -106,7 +108,7 @@ def gather_state(
         RuntimeError: if ``$WORLD_SIZE`` says there are several ranks but no process group
             is initialized.
     """
-    _, world_size = _group_rank_and_size("gather_state", group)
+    _, world_size = group_rank_and_size("gather_state", group)
     state = iterator.getstate()
     dist = _process_group_module()
     states: list[Any] = [state]
@@ -116,62 +118,15 @@ def gather_state(
     return {"format": GATHERED_FORMAT, "world_size": world_size, "ranks": states}
 
 
-def restore_state(
-    iterator: CheckpointableIterator[Any],
-    state: dict[str, Any],
-    group: ProcessGroup | None = None,
-) -> None:
-    """Restore `iterator` on this rank from a `gather_state` result (a local call).
-
-    Each rank takes the state of its own rank in `group` (default: the whole job). Every
-    rank must restore from the same gathered dict. On another number of ranks, a pipeline
-    built on a `ShardedIterator` (under MapIterator stages and an EqualLengthIterator
-    only) takes the entries of the shards it now owns from every old rank's state
-    (`infinibatch_like.distributed.elastic`): every shard continues exactly where it stopped, on
-    exactly one rank.
-
-    Raises:
-        ValueError: if `state` is not a `gather_state` result, or was gathered on another
-            number of ranks and the pipeline is not elastic (naming the stage and why).
-        StateMismatchError: (a ValueError) if this rank's state does not fit `iterator`.
-    """
-    if not isinstance(state, dict):
-        raise ValueError(
-            f"restore_state: expected a dict made by gather_state, got {type(state).__name__}"
-        )
-    if state.get("format") != GATHERED_FORMAT:
-        raise ValueError(
-            "restore_state: expected a dict made by gather_state (with 'format': "
-            f"{GATHERED_FORMAT!r}), got one with keys {sorted(state)}; a state from "
-            "iterator.getstate() is restored with iterator.setstate()"
-        )
-    saved_size, states = state.get("world_size"), state.get("ranks")
-    if not (
-        type(saved_size) is int and isinstance(states, list) and len(states) == saved_size >= 1
-    ):
-        raise ValueError(
-            "restore_state: the gathered state is corrupt: expected 'world_size' >= 1 and as "
-            f"many 'ranks' states, got world_size={saved_size!r} and "
-            f"{len(states) if isinstance(states, list) else type(states).__name__} states"
-        )
-    rank, world_size = _group_rank_and_size("restore_state", group)
-    if world_size != saved_size:
-        from .elastic import elastic_state
-
-        iterator.setstate(elastic_state(iterator, states, rank, world_size))
-        return
-    iterator.setstate(states[rank])
-
-
 def rank_in(group: ProcessGroup | None) -> int:
-    return _group_rank_and_size("EqualLengthIterator", group)[0]
+    return group_rank_and_size("EqualLengthIterator", group)[0]
 
 
 def all_reduce_max(flags: list[int], group: ProcessGroup | None) -> list[int]:
     """The element-wise maximum of `flags` over the ranks of `group` (a collective call)."""
     dist = _process_group_module()
     if dist is None:
-        _group_rank_and_size("EqualLengthIterator", group)
+        group_rank_and_size("EqualLengthIterator", group)
         return flags
     import torch
 

@@ -15,6 +15,7 @@ from typing import Any, ClassVar, TypeVar
 
 from .._core.checks import require_callable, require_checkpointable, require_int
 from .._core.fingerprint import described
+from .._core.graph import Place, walk
 from .._core.protocol import CheckpointableIterator, State
 from .._core.regroup import Regroup
 from .._core.schema import FieldSpec, Int, ListOf, Record
@@ -24,6 +25,7 @@ from ..background.stage import BackgroundStage
 from ..stages.prefetch import PrefetchIterator
 from ..stages.sources import check_rank
 from ..stages.weighted import WeightedMultiplexIterator, checked_weights
+from .ranks import rank_and_world_size
 
 T = TypeVar("T")
 
@@ -125,15 +127,17 @@ class _ShardGroup(Stage[tuple[int, bool, Any]]):
     def _restore_shard(self, index: int, entry: State) -> None:
         self._delivered[index] = entry["delivered"]
         self._ended[index] = entry["ended"]
-        pipeline, where = self._pipelines[index], f"shards[{index}]"
+        pipeline = self._pipelines[index]
         if entry["ended"]:
-            self.restore_source(pipeline, None, where)
+            self.restore_source(pipeline, None)
             return
         if entry["source"] is None:
             raise self.mismatch(f"shard {entry['shard']} has not ended but has no state")
-        self.restore_source(pipeline, entry["source"], where)
+        self.restore_source(pipeline, entry["source"])
         if entry["replay"]:
-            skip_items(self, fast_iterator(pipeline), entry["replay"], f"shard {entry['shard']}")
+            skip_items(
+                fast_iterator(pipeline), entry["replay"], self._name, f"shard {entry['shard']}"
+            )
 
     def _generate(self) -> Iterator[tuple[int, bool, Any]]:
         shards, count = self._shards, len(self._shards)
@@ -226,8 +230,6 @@ class ShardedIterator(Stage[T]):
         require_int("ShardedIterator", "buffer_size", buffer_size, 1)
         require_int("ShardedIterator", "snapshot_every", snapshot_every, 1)
         if rank is None and world_size is None:
-            from .ranks import rank_and_world_size
-
             rank, world_size = rank_and_world_size()
         if rank is None or world_size is None:
             raise ValueError("ShardedIterator: pass rank and world_size together, or neither")
@@ -402,7 +404,7 @@ class ShardedIterator(Stage[T]):
             raise self.mismatch(
                 f"the state holds shards {shards}, but rank {self.rank} of {self.world_size} "
                 f"reads {self._owned}; to resume on another number of ranks, restore a "
-                "gather_state() checkpoint with infinibatch_like.distributed.ranks.restore_state"
+                "gather_state() checkpoint with infinibatch_like.distributed.restore_state"
             )
         if state["next"] not in (*self._owned, -1):
             raise self.mismatch(f"'next' must be one of {self._owned} or -1, got {state['next']}")
@@ -423,7 +425,7 @@ class ShardedIterator(Stage[T]):
             }
             if feed is not group:  # the worker's PrefetchIterator, at the group's state
                 group_state = feed._state_around(group_state)
-            self.restore_source(feed, group_state, f"workers[{worker}]")
+            self.restore_source(feed, group_state)
 
     def _generate(self) -> Iterator[T]:
         owned, count = self._owned, len(self._owned)
@@ -466,15 +468,10 @@ def _mixer_of(pipeline: CheckpointableIterator[Any], shard: int) -> WeightedMult
     """The one `WeightedMultiplexIterator` of a shard's pipeline, not below a background
     stage; else a ValueError naming the shard."""
     found: list[tuple[WeightedMultiplexIterator[Any], str | None]] = []
-    stack: list[tuple[Any, str | None]] = [(pipeline, None)]
-    while stack:
-        stage, background = stack.pop()
-        if isinstance(stage, WeightedMultiplexIterator):
-            found.append((stage, background))
-        elif isinstance(stage, Stage):
-            if isinstance(stage, BackgroundStage):
-                background = background or type(stage).__name__
-            stack.extend((source, background) for source in stage._sources)
+    for place in walk(pipeline, _not_a_mixer):
+        if isinstance(place.stage, WeightedMultiplexIterator):
+            below = [up.stage for up in place.above() if isinstance(up.stage, BackgroundStage)]
+            found.append((place.stage, type(below[-1]).__name__ if below else None))
     if len(found) != 1:
         raise ValueError(
             f"ShardedIterator.set_weights: shard {shard}'s pipeline holds {len(found)} "
@@ -488,3 +485,8 @@ def _mixer_of(pipeline: CheckpointableIterator[Any], shard: int) -> WeightedMult
             "effect at an exact item; put the background stage below the mixer"
         )
     return mixer
+
+
+def _not_a_mixer(place: Place) -> bool:
+    """Whether `_mixer_of` looks into the sources of the stage at `place`."""
+    return not isinstance(place.stage, WeightedMultiplexIterator)

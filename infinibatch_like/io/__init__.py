@@ -7,9 +7,26 @@ fsspec), compressed or not, with retries of transient failures.
 row group (record batch) of columnar files, read by `read_parquet` and `read_arrow`.
 `open_chunk` and `open_output` are the streams under them; `write_records` packs small
 files into a record chunk and `write_webdataset` samples into a tar shard. Every error
-names the chunk. `FetchOptions` sets how remote objects are fetched (concurrent byte
-ranges, a local cache shared by the processes of a host); `storage_counts` tells what was
-fetched.
+names the chunk. Every function that reaches a store takes ``storage_options=`` (the fsspec
+file system's options) and ``retry=`` (a `RetryPolicy`), made into one `Store` there and
+passed inward. `FetchOptions` sets how remote objects are fetched (concurrent byte ranges,
+a local cache shared by the processes of a host); `storage_counts` tells what was fetched.
+
+Modules:
+
+- `streams`: `open_chunk`, a chunk's decompressed bytes, local or remote.
+- `readers`: `read_lines` and `read_jsonl`; `_lines`: the line splitter under them.
+- `records`: binary record files (many small blobs in one chunk).
+- `webdataset`: WebDataset tar shards.
+- `parquet`, `arrow_ipc`, `_tables`: columnar files, one chunk per row group or batch.
+- `listing`, `_walk`: finding chunk files (globs, recursive walks).
+- `output`: `open_output`, writing a chunk atomically, locally or to a store.
+- `errors`: the chunk errors, each naming the chunk.
+- `retry`: retries of transient storage failures.
+- `_store`: `Store`, a store's options, retry and fetch policies, built once at the edge.
+- `fetch_options`, `_ranges`, `_cancellable`, `_cache`: how remote objects are fetched
+  (ranges in flight, cancelled on close; the local cache).
+- `_storage`, `_compression`, `_zstd`, `_counts`: filesystems, decompressors, fetch counts.
 """
 
 from .._core.protocol import SkippableIterator

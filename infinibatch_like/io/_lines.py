@@ -1,19 +1,25 @@
-"""Text lines from a chunk's decompressed bytes, a block at a time, in linear time.
+"""Lines from a chunk's decompressed bytes, a block at a time, in linear time: the one
+line splitter of the library (the readers and the chunking tool).
 
-`LineSplitter` turns blocks of bytes into lists of lines. A bad line (text that does not
-decode, or a line longer than the limit) becomes a `BadLine` in its place: an iterator that
-raises the line's error once and then ends. Chained with ``itertools.chain.from_iterable``,
-the consumer gets the error where the line was and, if it calls ``next()`` again (as a
-stage with a `SkipPolicy` does), the lines after it.
+`LineSplitter` turns blocks of bytes into lists of lines: decoded text (`LineSplitter.text`)
+or bytes as stored (`LineSplitter.raw`); either way a line ends with ``"\n"`` or
+``"\r\n"``, both removed. A bad line (text that does not decode, or a line longer than
+the limit) becomes a `BadLine` in its place: an iterator that raises the line's error once
+and then ends. Chained with ``itertools.chain.from_iterable``, the consumer gets the error
+where the line was and, if it calls ``next()`` again (as a stage with a `SkipPolicy` does),
+the lines after it.
 """
 
 from __future__ import annotations
 
 import codecs
 from collections.abc import Iterator
-from typing import Any
+from typing import IO, Any, Generic, Protocol, TypeVar
 
 from .errors import ChunkFormatError
+
+AnyStr = TypeVar("AnyStr", str, bytes)
+_Decoded = TypeVar("_Decoded", str, bytes, covariant=True)
 
 SKIP_HINT = (
     "a stage reading chunks (chunked_dataset_iterator, SelectManyIterator) skips bad records "
@@ -47,29 +53,73 @@ def bad_line(
 
 
 Block = list[str] | BadLine
-"""Complete lines, or a bad line in place of one."""
+"""Complete lines of text, or a bad line in place of one."""
 
 
-class LineSplitter:
-    """The lines of one chunk's decompressed bytes, given a block at a time.
+class _Decoder(Protocol[_Decoded]):
+    """What `LineSplitter` needs of a ``codecs.IncrementalDecoder``."""
 
-    Lines end with ``"\\n"`` or ``"\\r\\n"`` (both removed). The text of a line that goes
-    on past a block waits as pieces, which are joined once, when its end comes, so a line
-    of n blocks costs O(n) and memory up to `limit` characters: a longer line is a bad line
-    as soon as it passes the limit, and the rest of it is dropped as it is read, never held.
+    def decode(self, data: bytes, final: bool = False) -> _Decoded: ...
+    def getstate(self) -> tuple[bytes, int]: ...
+    def setstate(self, state: tuple[bytes, int], /) -> None: ...
+
+
+class _Bytes:
+    """The decoder of `LineSplitter.raw`: the bytes as they are."""
+
+    def decode(self, data: bytes, final: bool = False) -> bytes:
+        return data
+
+    def getstate(self) -> tuple[bytes, int]:
+        return b"", 0
+
+    def setstate(self, state: tuple[bytes, int], /) -> None:
+        pass
+
+
+class LineSplitter(Generic[AnyStr]):
+    """The lines of one chunk's decompressed bytes, given a block at a time: decoded text
+    (`text`) or bytes as stored (`raw`).
+
+    Lines end with ``"\\n"`` or ``"\\r\\n"`` (both removed); a lone ``"\\r"`` is part of
+    its line. The text of a line that goes on past a block waits as pieces, which are
+    joined once, when its end comes, so a line of n blocks costs O(n) and memory up to
+    `limit` characters (bytes, for `raw`): a longer line is a bad line as soon as it passes
+    the limit, and the rest of it is dropped as it is read, never held.
     """
 
-    def __init__(self, ref: str, encoding: str, errors: str, limit: int | None) -> None:
+    @staticmethod
+    def text(ref: str, encoding: str, errors: str, limit: int | None) -> LineSplitter[str]:
+        """A splitter of the text of `ref`, decoded from `encoding` (as `bytes.decode`)."""
+        decoder = codecs.getincrementaldecoder(encoding)(errors)
+        return LineSplitter(ref, decoder, ("", "\r", "\n"), encoding, limit)
+
+    @staticmethod
+    def raw(ref: str, limit: int | None = None) -> LineSplitter[bytes]:
+        """A splitter of the bytes of `ref`, undecoded."""
+        return LineSplitter(ref, _Bytes(), (b"", b"\r", b"\n"), "bytes", limit)
+
+    def __init__(
+        self,
+        ref: str,
+        decoder: _Decoder[AnyStr],
+        marks: tuple[AnyStr, AnyStr, AnyStr],
+        encoding: str,
+        limit: int | None,
+    ) -> None:
         self._ref, self._encoding, self._limit = ref, encoding, limit
-        self._decoder = codecs.getincrementaldecoder(encoding)(errors)
+        self._decoder: _Decoder[AnyStr] = decoder
+        self._empty: AnyStr = marks[0]  # "", "\r" and "\n" (or their bytes)
+        self._return: AnyStr = marks[1]
+        self._newline: AnyStr = marks[2]
         self._offset = 0  # decompressed bytes given so far
-        self._pieces: list[str] = []  # the text so far of the line under way
+        self._pieces: list[AnyStr] = []  # the text so far of the line under way
         self._length = 0  # its length
         self._cr = False  # the text so far ended with a "\r", held back from the pieces
         self._dropping = False  # the line under way is bad: its text is dropped
         self._line = 1  # the number of the line under way
 
-    def blocks(self, data: bytes) -> Iterator[Block]:
+    def blocks(self, data: bytes) -> Iterator[list[AnyStr] | BadLine]:
         """The lines that `data` completes; empty `data` marks the end of the chunk."""
         final = not data
         while True:
@@ -95,22 +145,23 @@ class LineSplitter:
                 yield from self._finish()
             return
 
-    def _split(self, text: str) -> Iterator[Block]:
+    def _split(self, text: AnyStr) -> Iterator[list[AnyStr] | BadLine]:
         """The lines that decoded `text` completes; the rest waits for the next text."""
+        cr, lf = self._return, self._newline
         if self._cr:
-            text, self._cr = "\r" + text, False
-        if text.endswith("\r"):  # perhaps a "\r\n" cut by the block's end
+            text, self._cr = cr + text, False
+        if text.endswith(cr):  # perhaps a "\r\n" cut by the block's end
             text, self._cr = text[:-1], True
-        if "\r" in text:
-            text = text.replace("\r\n", "\n")
-        if "\n" not in text:
+        if cr in text:
+            text = text.replace(cr + lf, lf)
+        if lf not in text:
             yield from self._grow(text)
             return
         if self._pieces:
             self._pieces.append(text)
-            text = "".join(self._pieces)
+            text = self._empty.join(self._pieces)
             self._pieces, self._length = [], 0
-        lines = text.split("\n")
+        lines = text.split(lf)
         rest = lines.pop()
         if self._dropping:  # the bad line ends here
             del lines[0]
@@ -124,9 +175,9 @@ class LineSplitter:
         self._line += len(lines)
         yield from self._grow(rest)
 
-    def _limited(self, lines: list[str], limit: int) -> Iterator[Block]:
+    def _limited(self, lines: list[AnyStr], limit: int) -> Iterator[list[AnyStr] | BadLine]:
         """`lines`, with a bad line in place of each line longer than `limit`."""
-        good: list[str] = []
+        good: list[AnyStr] = []
         for number, line in enumerate(lines, self._line):
             if len(line) <= limit:
                 good.append(line)
@@ -138,7 +189,7 @@ class LineSplitter:
         if good:
             yield good
 
-    def _grow(self, text: str) -> Iterator[Block]:
+    def _grow(self, text: AnyStr) -> Iterator[BadLine]:
         """Add `text` to the line under way."""
         if self._dropping or not text:
             return
@@ -150,26 +201,38 @@ class LineSplitter:
 
     def _fail(
         self, what: str, cause: BaseException | None = None, hint: str = SKIP_HINT
-    ) -> Iterator[Block]:
+    ) -> Iterator[BadLine]:
         """The line under way is bad: a `BadLine` (once per line), and drop the rest of it."""
         if not self._dropping:
             yield bad_line(self._ref, self._line, what, cause, hint)
         self._pieces, self._length, self._cr, self._dropping = [], 0, False, True
 
-    def _keep_cr(self) -> Iterator[Block]:
+    def _keep_cr(self) -> Iterator[BadLine]:
         """Add the ``"\\r"`` held back, if any, to the line under way."""
         if self._cr:
             self._cr = False
-            yield from self._grow("\r")
+            yield from self._grow(self._return)
 
-    def _finish(self) -> Iterator[Block]:
+    def _finish(self) -> Iterator[list[AnyStr] | BadLine]:
         """The last line, if the chunk does not end with a line ending."""
         yield from self._keep_cr()
         if self._pieces and not self._dropping:
-            yield ["".join(self._pieces)]
+            yield [self._empty.join(self._pieces)]
 
     def _too_long(self) -> str:
-        return f"longer than max_line_length={self._limit} characters"
+        unit = "bytes" if isinstance(self._empty, bytes) else "characters"
+        return f"longer than max_line_length={self._limit} {unit}"
 
     def _limit_hint(self) -> str:
         return f"read it with a larger max_line_length (or None: no limit), or {SKIP_HINT}"
+
+
+def line_blocks(
+    stream: IO[bytes], splitter: LineSplitter[AnyStr], block_size: int
+) -> Iterator[list[AnyStr] | BadLine]:
+    """The lines of `stream` by `splitter`, read `block_size` bytes at a time."""
+    while True:
+        data = stream.read(block_size)
+        yield from splitter.blocks(data)
+        if not data:
+            return

@@ -5,7 +5,10 @@ Each range is one request (``fetch(start, end)``), retried on its own by the ret
 the ranges partition the object, so no byte is fetched twice but by a retry. At most
 `in_flight` ranges are being fetched or wait to be read, besides the one being read. The
 threads (named ``infinibatch_like.io.ranges``) hold no reference to the reader: a reader
-dropped without `close` is collected, and its finalizer stops them, as `close` does.
+dropped without `close` is collected, and its finalizer stops them, as `close` does. With
+a `cancel` (a `LoopFetch`'s), stopping cancels the requests in flight, so that the threads
+have ended when `close` returns, whatever the server's speed; without one, each thread
+finishes the request it is in (waited for up to `JOIN_S`).
 """
 
 from __future__ import annotations
@@ -111,10 +114,13 @@ def _shut_down(
     threads: list[threading.Thread],
     sink: Sink | None,
     release: Callable[[], None] | None,
+    cancel: Callable[[], None] | None,
 ) -> None:
-    """Stop the threads (they finish the request they are in), drop an unfinished cache
-    entry, release the remote file."""
+    """Stop the threads (cancelling their requests, or letting them finish the request they
+    are in), drop an unfinished cache entry, release the remote file."""
     stop.set()
+    if cancel is not None:
+        cancel()
     for _ in threads:
         tasks.put(None)
     for thread in threads:
@@ -145,6 +151,8 @@ class RangeReader(io.RawIOBase):
         sink: receives each range as it is taken, in order; committed after the last one,
             discarded if the reader is closed before.
         release: called once, when the reader is closed or collected.
+        cancel: cancels the requests of `fetch` in flight, and refuses new ones (called
+            when the reader is closed or collected); None: they are waited for.
     """
 
     def __init__(
@@ -159,6 +167,7 @@ class RangeReader(io.RawIOBase):
         expired: Callable[[BaseException], ChunkReadError | None],
         sink: Sink | None = None,
         release: Callable[[], None] | None = None,
+        cancel: Callable[[], None] | None = None,
     ) -> None:
         self._ref, self._size, self._range_size = ref, size, range_size
         self._in_flight, self._sink = in_flight, sink
@@ -172,7 +181,7 @@ class RangeReader(io.RawIOBase):
         self._threads: list[threading.Thread] = []
         self._pid = os.getpid()
         self._finalizer = weakref.finalize(
-            self, _shut_down, self._stop, self._tasks, self._threads, sink, release
+            self, _shut_down, self._stop, self._tasks, self._threads, sink, release, cancel
         )
 
     def readable(self) -> bool:
@@ -182,7 +191,7 @@ class RangeReader(io.RawIOBase):
         if self._failure is not None:
             raise self._failure
         if self.closed:
-            raise ValueError(f"{self._ref}: read from a closed stream")
+            raise self._closed_error()
         while not self._current:
             if self._next_start >= self._size and not self._pending:
                 self._commit()  # an empty object: there was no range to take
@@ -224,6 +233,8 @@ class RangeReader(io.RawIOBase):
                 "read in a forked child; open the chunk again in this process"
             )
         self._submit()
+        if not self._pending:  # closed meanwhile, by another thread
+            raise self._closed_error()
         task = self._pending.popleft()
         while not task.done.wait(POLL_S):
             check_interrupt()
@@ -238,9 +249,15 @@ class RangeReader(io.RawIOBase):
             raise error
         return task.data
 
+    def _closed_error(self) -> ValueError:
+        return ValueError(f"{self._ref}: read from a closed stream")
+
     def _submit(self) -> None:
         """Hand ranges to the threads until `in_flight` are pending (threads start on the
-        first call, as many as there are ranges to fetch at once)."""
+        first call, as many as there are ranges to fetch at once); none once stopped (by a
+        `close` in another thread, which this one waited on)."""
+        if self._stop.is_set():
+            return
         if not self._threads:
             ranges = -(-self._size // self._range_size)
             run = partial(_fill, self._fetch_one, self._stop)
@@ -258,7 +275,7 @@ class RangeReader(io.RawIOBase):
             self._tasks.put(task)
 
     def close(self) -> None:
-        """Stop the threads (each finishes the request it is in), drop what is buffered."""
+        """Stop the threads (cancelling their requests if it can), drop what is buffered."""
         if self.closed:
             return
         try:

@@ -1,105 +1,31 @@
-"""Where chunks live: local paths through the operating system, URLs through fsspec.
-
-A reference with a scheme (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``memory://``,
-``file://``) goes to the fsspec file system of that protocol, which takes credentials and
-endpoints from its usual places (environment variables such as ``AWS_ENDPOINT_URL``, fsspec
-configuration files) and from `storage_options`. For ``s3://`` the retries of s3fs (its
-file system's ``retries``) and of botocore (unless ``config_kwargs`` in `storage_options`
-sets ``retries``) are turned off, so that every retry is this package's: backoff with
-jitter, by `RetryPolicy`, counted in `retry_counts`.
+"""Opening stored bytes: local files through the operating system, URLs through the
+fsspec file system of a `Store`, with its retries.
 
 An object read through an fsspec buffered file (s3fs, gcsfs, adlfs, HTTP) is fetched in
 byte ranges by a `RangeReader` (concurrently for a large one) and kept in the local cache
-if one is configured, as `FetchOptions` (the storage option ``"infinibatch_like"`` or the
-environment) says.
+if one is configured, as the store's `FetchOptions` say.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import os
-import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, BinaryIO, cast
 
-from .._core.extras import missing_extra
 from ._cache import ChunkCache
-from ._ranges import RangeReader, fetch_range
+from ._cancellable import LoopFetch
+from ._ranges import Fetch, RangeReader, fetch_range
+from ._store import S3_PROTOCOLS, Store, is_url, protocol_of
 from .errors import ChunkReadError
-from .fetch_options import FetchOptions, fetch_options, without_fetch_options
-from .retry import RetryPolicy, call_with_retries, named_error
-
-StorageOptions = Mapping[str, Any]
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
-_S3 = ("s3", "s3a")
-_S3_CONNECTIONS = 64
-"""botocore's connection pool for s3:// (its default, 10, would queue the ranges in flight
-of a few chunks read at once)."""
-_BUCKET_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
-"""Protocols whose URLs start with a bucket (or container) name: ``s3://BUCKET/key``."""
+from .fetch_options import FetchOptions
+from .retry import RetryPolicy, call_with_retries, error_codes, named_error
 
 
-def is_url(ref: str) -> bool:
-    """Whether `ref` is a URL (``scheme://...``) rather than a local path."""
-    return _URL.match(ref) is not None
-
-
-def protocol_of(ref: str) -> str:
-    return ref.split("://", 1)[0].lower()
-
-
-def filesystem(ref: str, storage_options: StorageOptions | None) -> tuple[Any, str]:
-    """The fsspec file system for URL `ref` and the path within it.
-
-    Raises:
-        MissingExtraError: without fsspec, or without s3fs for ``s3://``.
-        ImportError: without the fsspec backend of another protocol (e.g. gcsfs).
-    """
-    protocol = protocol_of(ref)
-    try:
-        import fsspec
-    except ImportError as error:
-        raise missing_extra("fsspec", "remote", f"reading {protocol}:// URLs") from error
-    options = without_fetch_options(storage_options)
-    if protocol in _S3:
-        config = dict(options.get("config_kwargs") or {})
-        config.setdefault("retries", {"total_max_attempts": 1})  # botocore's: none
-        config.setdefault("max_pool_connections", _S3_CONNECTIONS)
-        options["config_kwargs"] = config
-    try:
-        fs, path = fsspec.core.url_to_fs(ref, **options)
-    except ImportError as error:
-        if protocol in _S3:
-            raise missing_extra("s3fs", "remote", "reading s3:// URLs") from error
-        raise ImportError(f"{ref}: no fsspec backend for {protocol}:// URLs: {error}") from error
-    if protocol in _S3:
-        fs.retries = 1  # s3fs's own retries (a class attribute, not an option): none
-    return fs, path
-
-
-def missing_bucket(ref: str, storage_options: StorageOptions | None) -> str | None:
-    """``"the bucket 'NAME' does not exist"`` where the store of URL `ref` says that its
-    bucket (or container) is absent; None where it exists, for local paths and other
-    protocols, and where the store does not say (e.g. access refused)."""
-    if not is_url(ref) or protocol_of(ref) not in _BUCKET_STORES:
-        return None
-    fs, path = filesystem(ref, storage_options)
-    bucket = path.split("/", 1)[0]
-    try:
-        fs.invalidate_cache(bucket)
-        fs.info(bucket)
-    except FileNotFoundError:
-        return f"the bucket {bucket!r} does not exist"
-    except Exception:  # access refused, no connection: the caller's own error tells more
-        return None
-    return None
-
-
-def open_raw(
-    ref: str, storage_options: StorageOptions | None, policy: RetryPolicy | None
-) -> BinaryIO:
+def open_raw(ref: str, store: Store) -> BinaryIO:
     """The stored bytes of `ref`, unbuffered for URLs (a buffer above them is the caller's).
 
     Raises:
@@ -110,13 +36,13 @@ def open_raw(
             return open(ref, "rb")
         except OSError as error:
             raise named_error(error, ref, "opening") from error
-    options = fetch_options(storage_options)
-    fs, path = filesystem(ref, storage_options)
+    options, policy = store.fetch, store.retry
+    fs, path = store.filesystem(ref)
     cache = None
     if options.cache_dir is not None:
         cache = ChunkCache(os.fspath(options.cache_dir), options.cache_size)
         fs.invalidate_cache(path)  # the size and ETag now, not those of a listing
-    file = call_with_retries(lambda: fs.open(path, "rb"), ref, "opening", policy)
+    file = store.call(lambda: fs.open(path, "rb"), ref, "opening")
     size = getattr(file, "size", None)
     if not callable(getattr(file, "_fetch_range", None)) or not isinstance(size, int):
         return cast(BinaryIO, RemoteRaw(fs, path, ref, policy, file))
@@ -147,12 +73,11 @@ def _ranged(
             return cached
         sink = cache.writer(entry, size)
     concurrent = options.ranges_in_flight > 0 and size >= options.ranges_from_size
-    # ``_fetch_range(start, end)`` is how every fsspec buffered file fetches bytes (its
-    # block caches call it); s3fs's sends If-Match with the ETag seen at opening.
+    fetch, cancel = _range_requests(file, ref)
     return cast(
         BinaryIO,
         RangeReader(
-            file._fetch_range,
+            fetch,
             ref,
             size,
             range_size=options.range_size if concurrent else max(1, int(file.blocksize)),
@@ -161,16 +86,52 @@ def _ranged(
             expired=partial(_expired, ref, _identity(file)),
             sink=sink,
             release=file.close,
+            cancel=cancel,
         ),
     )
+
+
+def _range_requests(file: Any, ref: str) -> tuple[Fetch, Callable[[], None] | None]:
+    """How the ranges of the opened fsspec buffered `file` are fetched, and how its requests
+    in flight are cancelled: for s3fs, as tasks on its file system's event loop (a closed
+    reader cancels them); else by ``_fetch_range(start, end)``, how every fsspec buffered
+    file fetches bytes (its block caches call it), whose requests cannot be cancelled."""
+    loop = getattr(file.fs, "loop", None)
+    if protocol_of(ref) in S3_PROTOCOLS and isinstance(loop, asyncio.AbstractEventLoop):
+        requests = LoopFetch(loop, partial(_s3_range, file, ref))
+        return requests, requests.cancel
+    return file._fetch_range, None
+
+
+async def _s3_range(file: Any, ref: str, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of the s3fs `file` `ref`, requested as its ``_fetch_range``
+    does (its version; If-Match the ETag seen at opening, where s3fs sends it), with the
+    ETag of the answer checked too (for stores that ignore If-Match)."""
+    version = {"VersionId": file.version_id} if file.version_id else {}
+    response = await file.fs._call_s3(
+        "get_object",
+        Bucket=file.bucket,
+        Key=file.key,
+        Range=f"bytes={start}-{end - 1}",
+        **version,
+        **getattr(file, "read_kw", {}),
+    )
+    body = response["Body"]
+    try:
+        identity = _identity(file)
+        if identity[1] is not None and response.get("ETag", identity[1]) != identity[1]:
+            raise _changed(ref, identity, f"ETag {response['ETag']}")
+        return bytes(await body.read())
+    finally:
+        body.close()  # before its end: its connection is closed, not reused
 
 
 def _expired(
     ref: str, identity: tuple[object, object], error: BaseException
 ) -> ChunkReadError | None:
-    """The error for a range request refused because the object changed (s3fs's
-    ``FileExpired``: its If-Match failed), else None."""
-    if type(error).__name__ != "FileExpired":
+    """The error for a range request refused because the object changed (its If-Match
+    failed: s3fs's ``FileExpired``, or the ``PreconditionFailed`` of S3), else None."""
+    if type(error).__name__ != "FileExpired" and "PreconditionFailed" not in error_codes(error):
         return None
     return _changed(ref, identity, "another ETag")
 
@@ -226,9 +187,7 @@ class RemoteRaw(io.RawIOBase):
         super().close()
 
 
-def open_random_access(
-    ref: str, storage_options: StorageOptions | None, policy: RetryPolicy | None
-) -> BinaryIO:
+def open_random_access(ref: str, store: Store) -> BinaryIO:
     """The stored bytes of `ref` as a seekable file, for formats read in pieces (a Parquet
     footer, then column chunks): a local file, or for a URL a `SeekableRemoteFile`.
 
@@ -236,9 +195,9 @@ def open_random_access(
         ChunkNotFoundError, ChunkAccessError, ChunkReadError: naming `ref`.
     """
     if not is_url(ref):
-        return open_raw(ref, storage_options, policy)
-    fs, path = filesystem(ref, storage_options)
-    return cast(BinaryIO, SeekableRemoteFile(fs, path, ref, policy))
+        return open_raw(ref, store)
+    fs, path = store.filesystem(ref)
+    return cast(BinaryIO, SeekableRemoteFile(fs, path, ref, store.retry))
 
 
 class SeekableRemoteFile(io.RawIOBase):
@@ -330,7 +289,6 @@ def _identity(file: Any) -> tuple[object, object]:
     if not isinstance(details, Mapping):
         return (getattr(file, "size", None), None)
     return (details.get("size"), details.get("ETag", details.get("etag")))
-
 
 
 def _changed(ref: str, before: tuple[object, object], now: object) -> ChunkReadError:

@@ -13,9 +13,8 @@ from typing import Any, NamedTuple, cast
 
 from .._core.extras import missing_extra
 from .._core.protocol import SkippableIterator
-from ._storage import StorageOptions
-from .listing import list_chunks
-from .retry import RetryPolicy
+from ._store import Store
+from .listing import find_files
 
 ROWS_PER_BLOCK = 4096
 """Rows converted to dicts at a time (``to_pylist`` of one slice of the table)."""
@@ -60,8 +59,7 @@ def list_table_chunks(
     owner: str,
     patterns: Patterns,
     chunks_of: Callable[[str], list[TableChunk]],
-    storage_options: StorageOptions | None,
-    retry: RetryPolicy | None,
+    store: Store,
 ) -> list[TableChunk]:
     """The chunks (``chunks_of(file)``) of every file matching `patterns`, files in sorted
     order; the files' metadata is read by up to `LISTING_THREADS` threads."""
@@ -69,13 +67,7 @@ def list_table_chunks(
     each: Sequence[Any] = patterns if many else [patterns]  # type: ignore[assignment]
     if not each:
         raise ValueError(f"{owner}: patterns is empty: give a glob, a file or a list of them")
-    files = sorted(
-        {
-            ref
-            for pattern in each
-            for ref in list_chunks(pattern, storage_options=storage_options, retry=retry)
-        }
-    )
+    files = sorted({ref for pattern in each for ref in find_files(os.fspath(pattern), store)})
     threads = min(LISTING_THREADS, len(files))
     with ThreadPoolExecutor(threads, thread_name_prefix=f"infinibatch_like.{owner}") as pool:
         return [chunk for chunks in pool.map(chunks_of, files) for chunk in chunks]

@@ -13,7 +13,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
 from .._core.checks import require_int
-from ._storage import StorageOptions, open_random_access
+from ._storage import open_random_access
+from ._store import StorageOptions, Store
 from ._tables import (
     Filter,
     Patterns,
@@ -53,13 +54,14 @@ def list_arrow_chunks(
             no footer, cannot be read at a batch), naming it.
         ChunkNotFoundError, ChunkError: as `list_chunks` and `open_chunk`.
     """
+    store = Store.of(storage_options, retry)
 
     def chunks_of(ref: str) -> list[TableChunk]:
-        with open_random_access(ref, storage_options, retry) as file:
+        with open_random_access(ref, store) as file:
             counts = _batch_rows(file, ref)
         return [TableChunk(ref, index, rows) for index, rows in enumerate(counts) if rows]
 
-    return list_table_chunks("list_arrow_chunks", patterns, chunks_of, storage_options, retry)
+    return list_table_chunks("list_arrow_chunks", patterns, chunks_of, store)
 
 
 def read_arrow(
@@ -89,6 +91,7 @@ def read_arrow(
     """
     owner = "read_arrow"
     pa = pyarrow_modules(owner)
+    store = Store.of(storage_options, retry)
     path, index, rows = checked_chunk(owner, chunk)
     wanted = checked_columns(owner, columns)
     expression, filtered = filter_expression(owner, filter)
@@ -97,7 +100,7 @@ def read_arrow(
     where = f"{path} (record batch {index})"
 
     def load() -> Any:
-        with open_random_access(path, storage_options, retry) as file:
+        with open_random_access(path, store) as file:
             try:
                 schema = pa.ipc.open_file(file).schema
                 names = schema.names

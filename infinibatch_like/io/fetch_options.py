@@ -3,10 +3,8 @@ from a storage option or from environment variables."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +54,9 @@ class FetchOptions:
     an object store that caps each request's rate delivers about `ranges_in_flight` times
     more. Each range is retried on its own; no byte is fetched twice but by a retry.
     Smaller objects are fetched in ranges of the file system's block size, one at a time.
+    Closing a stream (or dropping it) stops its threads at once: for ``s3://`` its requests
+    in flight are cancelled and their connections closed, however slow the store; with
+    other fsspec file systems each thread first finishes the request it is in.
 
     With `cache_dir`, every object read whole is kept there (keyed by its URL, size and
     ETag), and read from there while it is unchanged: the ranks of one host share it, and
@@ -129,37 +130,3 @@ class FetchOptions:
 def _require_count(name: str, value: object, least: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise ValueError(f"FetchOptions: {name} must be an int >= {least}, got {value!r}")
-
-
-def fetch_options(storage_options: Mapping[str, Any] | None) -> FetchOptions:
-    """The `FetchOptions` of `storage_options` (its ``"infinibatch_like"`` entry) over those
-    of the environment.
-
-    Raises:
-        TypeError, ValueError: for an entry that is neither a `FetchOptions` nor a dict of
-            its fields, naming the bad key or value.
-    """
-    given = (storage_options or {}).get(OPTION)
-    if isinstance(given, FetchOptions):
-        return given
-    base = FetchOptions.from_environment()
-    if given is None:
-        return base
-    if not isinstance(given, Mapping):
-        raise TypeError(
-            f"storage option {OPTION!r} must be a FetchOptions or a dict of its fields, "
-            f"got {type(given).__name__}"
-        )
-    fields = {field.name for field in dataclasses.fields(FetchOptions)}
-    unknown = sorted(set(map(str, given)) - fields)
-    if unknown:
-        raise ValueError(
-            f"storage option {OPTION!r}: unknown field(s) {', '.join(map(repr, unknown))}; "
-            f"known: {', '.join(sorted(fields))}"
-        )
-    return dataclasses.replace(base, **given)
-
-
-def without_fetch_options(storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """`storage_options` without the library's own entry: what the fsspec file system gets."""
-    return {key: value for key, value in (storage_options or {}).items() if key != OPTION}

@@ -6,10 +6,10 @@ import glob
 import os
 from typing import Any
 
-from ._storage import StorageOptions, filesystem, is_url, missing_bucket
+from ._store import StorageOptions, Store, is_url
 from ._walk import has_recursive_part, recursive_glob
 from .errors import ChunkNotFoundError
-from .retry import RetryPolicy, call_with_retries
+from .retry import RetryPolicy
 
 
 def list_chunks(
@@ -40,20 +40,15 @@ def list_chunks(
         ChunkAccessError, ChunkReadError: if the store refuses or keeps failing the listing.
         MissingExtraError: naming the extra to install for a URL (``remote``).
     """
-    return sorted(find_files(pattern, storage_options=storage_options, retry=retry))
+    return sorted(find_files(os.fspath(pattern), Store.of(storage_options, retry)))
 
 
-def find_files(
-    pattern: str | os.PathLike[str],
-    *,
-    storage_options: StorageOptions | None = None,
-    retry: RetryPolicy | None = None,
-) -> dict[str, dict[str, Any]]:
-    """`list_chunks`'s files (in no order), each with what the listing told of it: the
-    store's details of an object (``size``, ``ETag``, ...), nothing for a local file."""
-    text = os.fspath(pattern)
+def find_files(text: str, store: Store) -> dict[str, dict[str, Any]]:
+    """`list_chunks`'s files (in no order) matching the glob `text` in `store`, each with
+    what the listing told of it: the store's details of an object (``size``, ``ETag``,
+    ...), nothing for a local file."""
     if is_url(text):
-        fs, path = filesystem(text, storage_options)
+        fs, path = store.filesystem(text)
 
         def find() -> dict[str, dict[str, Any]]:
             fs.invalidate_cache()
@@ -62,7 +57,7 @@ def find_files(
                 fs.unstrip_protocol(p): info for p, info in found.items() if info["type"] == "file"
             }
 
-        files = call_with_retries(find, text, "listing", retry)
+        files = store.call(find, text, "listing")
     else:
         expanded = os.path.expanduser(text)
         if has_recursive_part(expanded):
@@ -72,18 +67,18 @@ def find_files(
         files = {match: {} for match in matches}
     if not files:
         raise ChunkNotFoundError(
-            f"list_chunks: no file matches the pattern {text!r}{_why(text, storage_options)}"
+            f"list_chunks: no file matches the pattern {text!r}{_why(text, store)}"
         )
     return files
 
 
-def _why(pattern: str, storage_options: StorageOptions | None) -> str:
+def _why(pattern: str, store: Store) -> str:
     """Why `pattern` matches no file, where a cause other than no such name is found."""
-    bucket = missing_bucket(pattern, storage_options)
+    bucket = store.missing_bucket(pattern)
     if bucket is not None:
         return f": {bucket}"
     if is_url(pattern):
-        fs, path = filesystem(pattern, storage_options)
+        fs, path = store.filesystem(pattern)
         try:
             is_dir, exists = fs.isdir(path), glob.has_magic(path) and fs.exists(path)
         except Exception:  # the store does not say: the error stands without a reason

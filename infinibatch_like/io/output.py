@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO, cast
 
 from ._compression import codec_for
-from ._storage import StorageOptions, filesystem, is_url, protocol_of
-from .retry import RetryPolicy, call_with_retries
+from ._store import StorageOptions, Store, is_url, protocol_of
+from .retry import RetryPolicy
 
 
 @contextlib.contextmanager
@@ -51,10 +51,16 @@ def open_output(
             ``filename`` set to `ref` when the system did not name a file.
         ChunkAccessError, ChunkReadError: when the upload is refused or keeps failing.
     """
-    name = os.fspath(ref)
+    with output_in(os.fspath(ref), Store.of(storage_options, retry), compresslevel) as file:
+        yield file
+
+
+@contextlib.contextmanager
+def output_in(name: str, store: Store, compresslevel: int | None = None) -> Iterator[BinaryIO]:
+    """`open_output` of `name` in `store`."""
     codec = codec_for(name)
     if is_url(name) and protocol_of(name) != "file":
-        target: _Target = _RemoteTarget(name, storage_options, retry)
+        target: _Target = _RemoteTarget(name, store)
     else:
         target = _LocalTarget(name.split("://", 1)[1] if is_url(name) else name)
     try:
@@ -157,11 +163,9 @@ def _sync_directory(directory: str) -> None:
 
 
 class _RemoteTarget(_Target):
-    def __init__(
-        self, ref: str, storage_options: StorageOptions | None, retry: RetryPolicy | None
-    ) -> None:
-        self._ref, self._retry = ref, retry
-        self._fs, self._path = filesystem(ref, storage_options)
+    def __init__(self, ref: str, store: Store) -> None:
+        self._ref, self._store = ref, store
+        self._fs, self._path = store.filesystem(ref)
         self.file: Any = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed by commit/abort
             prefix="infinibatch_like-upload-", delete=False
         )
@@ -169,9 +173,8 @@ class _RemoteTarget(_Target):
     def commit(self) -> None:
         self.file.close()
         try:
-            call_with_retries(
-                lambda: self._fs.put_file(self.file.name, self._path), self._ref, "writing",
-                self._retry,
+            self._store.call(
+                lambda: self._fs.put_file(self.file.name, self._path), self._ref, "writing"
             )
         finally:
             os.unlink(self.file.name)

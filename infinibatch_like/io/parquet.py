@@ -10,7 +10,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
 from .._core.checks import require_int
-from ._storage import StorageOptions, file_version, open_random_access
+from ._storage import file_version, open_random_access
+from ._store import StorageOptions, Store
 from ._tables import (
     Filter,
     Patterns,
@@ -58,14 +59,15 @@ def list_parquet_chunks(
         MissingExtraError: without pyarrow (the ``arrow`` extra).
     """
     pa = pyarrow_modules("list_parquet_chunks")
+    store = Store.of(storage_options, retry)
 
     def chunks_of(ref: str) -> list[TableChunk]:
-        with open_random_access(ref, storage_options, retry) as file:
+        with open_random_access(ref, store) as file:
             metadata = _footer(pa, file, ref)
         groups = (metadata.row_group(index).num_rows for index in range(metadata.num_row_groups))
         return [TableChunk(ref, index, rows) for index, rows in enumerate(groups) if rows]
 
-    return list_table_chunks("list_parquet_chunks", patterns, chunks_of, storage_options, retry)
+    return list_table_chunks("list_parquet_chunks", patterns, chunks_of, store)
 
 
 def read_parquet(
@@ -121,6 +123,7 @@ def read_parquet(
     """
     owner = "read_parquet"
     pa = pyarrow_modules(owner)
+    store = Store.of(storage_options, retry)
     path, index, rows = checked_chunk(owner, chunk)
     wanted = checked_columns(owner, columns)
     expression, filtered = filter_expression(owner, filter)
@@ -129,7 +132,7 @@ def read_parquet(
     where = f"{path} (row group {index})"
 
     def load() -> Any:
-        with open_random_access(path, storage_options, retry) as file:
+        with open_random_access(path, store) as file:
             metadata = _footer(pa, file, path)
             if index >= metadata.num_row_groups:
                 raise ChunkFormatError(

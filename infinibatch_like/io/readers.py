@@ -17,12 +17,12 @@ from itertools import chain
 from typing import Any
 
 from .._core.checks import require_int
-from .._core.notes import short_repr
+from .._core.names import short_repr
 from ._compression import codec_for, refuse_archive
-from ._lines import BadLine, Block, LineSplitter, bad_line
-from ._storage import StorageOptions
+from ._lines import BadLine, Block, LineSplitter, bad_line, line_blocks
+from ._store import StorageOptions, Store
 from .retry import RetryPolicy
-from .streams import Ref, open_chunk
+from .streams import Ref, open_stream
 
 BLOCK_SIZE = 1 << 22
 """Decompressed bytes read (and split into lines) at a time."""
@@ -78,8 +78,7 @@ def read_lines(
     """
     name = _checked("read_lines", ref, max_line_length)
     codecs.lookup(encoding)
-    blocks = _line_blocks(name, storage_options, encoding, errors, retry, max_line_length)
-    return chain.from_iterable(blocks)
+    return lines_in(name, Store.of(storage_options, retry), encoding, errors, max_line_length)
 
 
 def read_jsonl(
@@ -112,7 +111,28 @@ def read_jsonl(
         ChunkError, ValueError, MissingExtraError: as `open_chunk`.
     """
     name = _checked("read_jsonl", ref, max_line_length)
-    blocks = _line_blocks(name, storage_options, "utf-8", "strict", retry, max_line_length)
+    return json_values_in(name, Store.of(storage_options, retry), loads, max_line_length)
+
+
+def lines_in(
+    name: str,
+    store: Store,
+    encoding: str = "utf-8",
+    errors: str = "strict",
+    max_line_length: int | None = MAX_LINE_LENGTH,
+) -> Iterator[str]:
+    """`read_lines` of the chunk `name` in `store` (its arguments checked)."""
+    return chain.from_iterable(_line_blocks(name, store, encoding, errors, max_line_length))
+
+
+def json_values_in(
+    name: str,
+    store: Store,
+    loads: Callable[[str], Any] = json.loads,
+    max_line_length: int | None = MAX_LINE_LENGTH,
+) -> Iterator[Any]:
+    """`read_jsonl` of the chunk `name` in `store` (its arguments checked)."""
+    blocks = _line_blocks(name, store, "utf-8", "strict", max_line_length)
     return chain.from_iterable(_parsed_blocks(name, blocks, loads))
 
 
@@ -128,21 +148,11 @@ def _checked(owner: str, ref: Ref, max_line_length: int | None) -> str:
 
 
 def _line_blocks(
-    ref: str,
-    storage_options: StorageOptions | None,
-    encoding: str,
-    errors: str,
-    retry: RetryPolicy | None,
-    limit: int | None,
+    ref: str, store: Store, encoding: str, errors: str, limit: int | None
 ) -> Iterator[Block]:
     """The lines of `ref`, a block at a time, with a `BadLine` in place of each bad line."""
-    with open_chunk(ref, storage_options=storage_options, retry=retry) as stream:
-        splitter = LineSplitter(ref, encoding, errors, limit)
-        while True:
-            data = stream.read(BLOCK_SIZE)
-            yield from splitter.blocks(data)
-            if not data:
-                return
+    with open_stream(ref, store) as stream:
+        yield from line_blocks(stream, LineSplitter.text(ref, encoding, errors, limit), BLOCK_SIZE)
 
 
 def _parsed_blocks(

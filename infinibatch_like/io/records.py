@@ -13,12 +13,12 @@ import struct
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO, NamedTuple
 
-from .._core.notes import short_repr
+from .._core.names import short_repr
 from ._compression import codec_for, refuse_archive
-from ._storage import StorageOptions
+from ._store import StorageOptions, Store
 from .errors import ChunkFormatError
 from .retry import RetryPolicy
-from .streams import Ref, open_chunk
+from .streams import Ref, open_stream
 
 MAGIC = b"\x93IBLREC\x01"
 """The first bytes of a record file (the last one is the format version)."""
@@ -97,13 +97,12 @@ def read_records(
     name = os.fspath(ref)
     codec_for(name)  # a bad suffix or a missing extra is reported now, not on the first record
     refuse_archive(name, "read_records")
-    return _records(name, storage_options, retry)
+    return records_in(name, Store.of(storage_options, retry))
 
 
-def _records(
-    name: str, storage_options: StorageOptions | None, retry: RetryPolicy | None
-) -> Iterator[Record]:
-    with open_chunk(name, storage_options=storage_options, retry=retry) as stream:
+def records_in(name: str, store: Store) -> Iterator[Record]:
+    """`read_records` of the chunk `name` in `store` (its suffix checked)."""
+    with open_stream(name, store) as stream:
         head = stream.read(len(MAGIC))
         if head != MAGIC:
             raise ChunkFormatError(

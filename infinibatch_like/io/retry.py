@@ -177,7 +177,8 @@ def call_with_retries(
         ChunkNotFoundError, ChunkAccessError: at once, for a missing object or refused access.
         ChunkReadError: for another non-transient error (at once), or after the last try.
         ChunkError: an error that already names its chunk, unchanged.
-        ChunkReadError: when `stop` is set during a wait before a retry.
+        ChunkReadError: when `stop` is set during a wait before a retry, or when a try
+            fails once it is set (its request was cancelled).
     """
     policy = DEFAULT_RETRY if policy is None else policy
     for attempt in range(1, policy.tries + 1):
@@ -186,6 +187,8 @@ def call_with_retries(
         except ChunkError:
             raise
         except Exception as error:
+            if stop is not None and stop.is_set():
+                raise _given_up(doing, ref) from error
             cause = transient_cause(error)
             if cause is None:
                 raise named_error(error, ref, doing) from error
@@ -209,16 +212,18 @@ def call_with_retries(
             if stop is None:
                 time.sleep(wait)
             elif stop.wait(wait):
-                raise ChunkReadError(
-                    f"{doing} {ref} was given up: its reader was closed"
-                ) from error
+                raise _given_up(doing, ref) from error
     raise AssertionError("unreachable: the last try returns or raises")  # pragma: no cover
+
+
+def _given_up(doing: str, ref: str) -> ChunkReadError:
+    return ChunkReadError(f"{doing} {ref} was given up: its reader was closed")
 
 
 def named_error(error: BaseException, ref: str, doing: str) -> ChunkError:
     """The non-transient `error` as one of this package's errors, naming `ref`."""
     code = _error_code(error)
-    if "NoSuchBucket" in map(_error_code, _chain(error)):
+    if "NoSuchBucket" in error_codes(error):
         return ChunkNotFoundError(f"{ref}: its bucket does not exist ({_describe(error)})")
     if isinstance(error, FileNotFoundError) or code in _NOT_FOUND_CODES:
         return ChunkNotFoundError(f"{ref}: no such file or object ({_describe(error)})")
@@ -228,6 +233,11 @@ def named_error(error: BaseException, ref: str, doing: str) -> ChunkError:
             f"permissions ({_describe(error)})"
         )
     return ChunkReadError(f"{doing} {ref} failed: {_describe(error)}")
+
+
+def error_codes(error: BaseException) -> list[str]:
+    """The botocore error codes (e.g. ``"PreconditionFailed"``) of `error` and its causes."""
+    return [code for code in map(_error_code, _chain(error)) if code is not None]
 
 
 def transient_cause(error: BaseException) -> str | None:

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import IO, Any, BinaryIO, TypeVar, cast
 
 from ._compression import Codec, codec_for
-from ._storage import StorageOptions, is_url, open_raw
+from ._storage import open_raw
+from ._store import StorageOptions, Store, is_url
 from .errors import ChunkError, ChunkFormatError
 from .retry import RetryPolicy
 
@@ -41,9 +42,13 @@ def open_chunk(
         ChunkFormatError: from reading, for corrupt or truncated compressed data.
         MissingExtraError: naming the extra to install (``remote``, ``zstd``).
     """
-    name = os.fspath(ref)
+    return open_stream(os.fspath(ref), Store.of(storage_options, retry))
+
+
+def open_stream(name: str, store: Store) -> BinaryIO:
+    """`open_chunk` of the chunk `name` in `store`."""
     codec = codec_for(name)
-    raw = open_raw(name, storage_options, retry)
+    raw = open_raw(name, store)
     if codec is None:
         return cast(BinaryIO, io.BufferedReader(raw, 1 << 18)) if is_url(name) else raw
     try:

@@ -16,10 +16,10 @@ from typing import Any, BinaryIO, cast
 
 from .._core.protocol import SkippableIterator
 from ._compression import codec_for
-from ._storage import StorageOptions
+from ._store import StorageOptions, Store
 from .errors import ChunkError, ChunkFormatError
 from .retry import RetryPolicy
-from .streams import Ref, open_chunk
+from .streams import Ref, open_stream
 
 DECODERS: dict[str, Callable[[bytes], Any]] = {
     "json": json.loads,
@@ -83,22 +83,15 @@ def read_webdataset(
             f"read_webdataset: decode must be a collection of {sorted(DECODERS)}, got {decode!r}"
         )
     codec_for(name)  # a bad suffix or a missing extra is reported now, not on the first sample
-    return _Samples(name, frozenset(decode), storage_options, retry)
+    return Samples(name, Store.of(storage_options, retry), frozenset(decode))
 
 
-class _Samples(SkippableIterator[dict[str, Any]]):
+class Samples(SkippableIterator[dict[str, Any]]):
     """The samples of one shard (see `read_webdataset`); a bad sample raises and the next
     ``next()`` goes on; ``skip`` groups members without keeping their data."""
 
-    def __init__(
-        self,
-        ref: str,
-        decode: frozenset[str],
-        storage_options: StorageOptions | None,
-        retry: RetryPolicy | None,
-    ) -> None:
-        self._ref, self._decode = ref, decode
-        self._storage_options, self._retry = storage_options, retry
+    def __init__(self, ref: str, store: Store, decode: frozenset[str] = frozenset()) -> None:
+        self._ref, self._store, self._decode = ref, store, decode
         self._stream: Any = None
         self._counted: _Counted
         self._tar: tarfile.TarFile | None = None
@@ -170,9 +163,7 @@ class _Samples(SkippableIterator[dict[str, Any]]):
         while True:
             try:
                 if self._tar is None:
-                    self._stream = open_chunk(
-                        self._ref, storage_options=self._storage_options, retry=self._retry
-                    )
+                    self._stream = open_stream(self._ref, self._store)
                     self._counted = _Counted(self._stream)
                     self._tar = tarfile.open(fileobj=cast(Any, self._counted), mode="r|")  # noqa: SIM115
                 member = self._tar.next()

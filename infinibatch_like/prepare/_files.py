@@ -19,9 +19,9 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from ..io import ChunkNotFoundError, open_chunk, open_output
-from ..io._storage import filesystem
-from ..io.retry import call_with_retries
+from ..io._store import Store
+from ..io.output import output_in
+from ..io.streams import open_stream
 from ._refs import base_name, is_url, join_ref
 
 LOCK_NAME = ".chunk.lock"
@@ -29,7 +29,7 @@ _TEMPORARY = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")
 """The name `open_output` gives a file while it writes it."""
 
 
-def file_names(location: str, storage_options: dict[str, Any] | None) -> list[str]:
+def file_names(location: str, store: Store) -> list[str]:
     """The names of the files directly in the directory (or URL prefix) `location`,
     sorted; none if it does not exist."""
     if not is_url(location):
@@ -38,7 +38,7 @@ def file_names(location: str, storage_options: dict[str, Any] | None) -> list[st
                 return sorted(entry.name for entry in entries if entry.is_file())
         except (FileNotFoundError, NotADirectoryError):
             return []
-    fs, path = filesystem(location, storage_options)
+    fs, path = store.filesystem(location)
 
     def listing() -> list[str]:
         fs.invalidate_cache(path)
@@ -48,7 +48,7 @@ def file_names(location: str, storage_options: dict[str, Any] | None) -> list[st
             return []
         return sorted(base_name(info["name"]) for info in found if info["type"] == "file")
 
-    return call_with_retries(listing, location, "listing")
+    return store.call(listing, location, "listing")
 
 
 def load_json(data: bytes | str, what: str) -> Any:
@@ -69,16 +69,16 @@ def load_json(data: bytes | str, what: str) -> Any:
         raise ValueError(f"{what} is nested too deeply to parse") from None
 
 
-def read_bytes(ref: str, storage_options: dict[str, Any] | None) -> bytes:
+def read_bytes(ref: str, store: Store) -> bytes:
     """The content of the file or object `ref`."""
-    with open_chunk(ref, storage_options=storage_options) as stream:
+    with open_stream(ref, store) as stream:
         data: bytes = stream.read()
     return data
 
 
-def write_json(ref: str, value: Any, storage_options: dict[str, Any] | None) -> None:
+def write_json(ref: str, value: Any, store: Store) -> None:
     """Write `value` as JSON to `ref` (atomically)."""
-    with open_output(ref, storage_options=storage_options) as output:
+    with output_in(ref, store) as output:
         output.write(json.dumps(value, indent=1).encode("utf-8"))
 
 
@@ -109,20 +109,17 @@ def output_lock(out: str, owner: str) -> Iterator[None]:
         os.close(descriptor)  # drops the lock
 
 
-def clean_up(out: str, pieces_dir: str, storage_options: dict[str, Any] | None) -> None:
+def clean_up(out: str, pieces_dir: str, store: Store) -> None:
     """Remove the piece manifests of a finished job and the temporary files that killed
     writes left in `out` (the caller holds its lock)."""
     pieces = join_ref(out, pieces_dir)
     if is_url(out):
-        fs, path = filesystem(pieces, storage_options)
-        with contextlib.suppress(FileNotFoundError, ChunkNotFoundError):
-            for name in file_names(pieces, storage_options):
-                fs.rm_file(f"{path}/{name}")
+        for name in file_names(pieces, store):
+            store.remove(join_ref(pieces, name))
         return
     for directory in (out, pieces):
-        for name in file_names(directory, storage_options):
+        for name in file_names(directory, store):
             if directory == pieces or _TEMPORARY.match(name):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(directory, name))
+                store.remove(os.path.join(directory, name))
     with contextlib.suppress(FileNotFoundError, OSError):
         os.rmdir(pieces)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._core.checks import require_int
-from ..io._storage import missing_bucket
+from ..io._store import StorageOptions, Store
+from ..io.retry import RetryPolicy
 from ..stages.sources import ChunkedSourceIterator, InfinitePermutationSourceIterator, check_rank
 from ._files import file_names, load_json, read_bytes
 from ._refs import is_url, join_ref
@@ -327,20 +328,31 @@ def missing_and_unlisted(index: ChunkIndex, present: Sequence[str]) -> tuple[lis
     return missing, unlisted
 
 
-def load_index(dir_or_url: str, *, storage_options: dict[str, Any] | None = None) -> ChunkIndex:
+def load_index(
+    dir_or_url: str,
+    *,
+    storage_options: StorageOptions | None = None,
+    retry: RetryPolicy | None = None,
+) -> ChunkIndex:
     """The index that ``python -m infinibatch_like chunk`` wrote in `dir_or_url`.
 
     The chunk files next to it must be those it lists (one listing, no data read; local
     chunks must also have their recorded sizes): ``verify`` checks their content.
+
+    Args:
+        dir_or_url: the job's output directory or URL.
+        storage_options: options of the fsspec file system of a URL.
+        retry: the retry policy of transient remote failures (`DEFAULT_RETRY` if None).
 
     Raises:
         ChunkIndexError: if there is no index (or the job that writes it has not finished),
             if it is damaged or of another version, or if it does not match the chunk files
             (naming the missing and the unlisted ones).
     """
-    index = read_index(dir_or_url, storage_options=storage_options)
+    store = Store.of(storage_options, retry)
+    index = index_in(dir_or_url, store)
     location, where = index.location, join_ref(index.location, INDEX_NAME)
-    present = chunk_names(location, storage_options)
+    present = chunk_names(location, store)
     missing, unlisted = missing_and_unlisted(index, present)
     if missing or unlisted:
         raise ChunkIndexError(
@@ -364,18 +376,33 @@ def load_index(dir_or_url: str, *, storage_options: dict[str, Any] | None = None
     return index
 
 
-def read_index(dir_or_url: str, *, storage_options: dict[str, Any] | None = None) -> ChunkIndex:
+def read_index(
+    dir_or_url: str,
+    *,
+    storage_options: StorageOptions | None = None,
+    retry: RetryPolicy | None = None,
+) -> ChunkIndex:
     """The index in `dir_or_url`, not compared with the chunk files (see `load_index`).
+
+    Args:
+        dir_or_url: the job's output directory or URL.
+        storage_options: options of the fsspec file system of a URL.
+        retry: the retry policy of transient remote failures (`DEFAULT_RETRY` if None).
 
     Raises:
         ChunkIndexError: if there is none, or it is damaged or of another version.
     """
+    return index_in(dir_or_url, Store.of(storage_options, retry))
+
+
+def index_in(dir_or_url: str, store: Store) -> ChunkIndex:
+    """`read_index` of `dir_or_url` in `store`."""
     location = dir_or_url.rstrip("/") or dir_or_url
     where = join_ref(location, INDEX_NAME)
     try:
-        data = read_bytes(where, storage_options)
+        data = read_bytes(where, store)
     except FileNotFoundError:
-        bucket = missing_bucket(where, storage_options)
+        bucket = store.missing_bucket(where)
         if bucket is not None:
             raise ChunkIndexError(f"no chunk index at {where}: {bucket}") from None
         raise ChunkIndexError(
@@ -385,9 +412,9 @@ def read_index(dir_or_url: str, *, storage_options: dict[str, Any] | None = None
     return parse_index(location, data)
 
 
-def chunk_names(location: str, storage_options: dict[str, Any] | None) -> list[str]:
+def chunk_names(location: str, store: Store) -> list[str]:
     """The names of the chunk files (``chunk-*``) in `location`; none if it has none."""
-    return [name for name in file_names(location, storage_options) if name.startswith("chunk-")]
+    return [name for name in file_names(location, store) if name.startswith("chunk-")]
 
 
 def _some(names: Sequence[str], most: int = 5) -> str:

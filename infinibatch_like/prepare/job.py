@@ -21,7 +21,9 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_complet
 from typing import Any
 
 from .._core.checks import require_int
+from ..io._store import StorageOptions, Store
 from ..io.listing import find_files
+from ..io.retry import RetryPolicy
 from ..stages.bad_records import OnError, resolve_on_error
 from ._files import clean_up, file_names, load_json, output_lock, read_bytes, write_json
 from ._refs import is_url, join_ref
@@ -68,9 +70,10 @@ def chunk_corpus(
     workers: int | None = None,
     client: Any = None,
     split_bytes: int = DEFAULT_SPLIT_BYTES,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: StorageOptions | None = None,
     show_progress: bool | None = None,
     on_error: OnError = "raise",
+    retry: RetryPolicy | None = None,
 ) -> ChunkIndex:
     """Cut `inputs` into chunk files of `items_per_chunk` items under `out`, with an index.
 
@@ -95,12 +98,14 @@ def chunk_corpus(
         client: a ``dask.distributed.Client``: the pieces run as its tasks instead (every
             worker must reach the inputs and `out`).
         split_bytes: the byte range size for large uncompressed local inputs.
-        storage_options: passed to fsspec for URLs.
+        storage_options: options of the fsspec file system of URLs (inputs and `out`).
         show_progress: a progress bar on stderr; None: when stderr is a terminal.
         on_error: what an input line that is not UTF-8 text (or, in JSON lines, not JSON)
             does: ``"raise"`` (a ValueError naming it), or a `SkipPolicy`, under which it is
             left out and counted (`ChunkIndex.skipped`), up to ``max_skips`` bad lines in
             each window of ``per_items`` lines of a piece (``per_items=None``: in all).
+        retry: the retry policy of transient failures of the store, for every listing,
+            read and write of the job (`DEFAULT_RETRY` if None).
 
     Returns:
         The index written (as `load_index` reads it).
@@ -127,18 +132,19 @@ def chunk_corpus(
     if isinstance(inputs, str) or not inputs:
         raise ValueError(f"{_OWNER}: inputs must be a non-empty list of paths, got {inputs!r}")
     policy = resolve_on_error(_OWNER, on_error)
+    store = Store.of(storage_options, retry)
     skip: str | dict[str, int | None] = (
         "raise"
         if policy is None
         else {"max_skips": policy.max_skips, "per_items": policy.per_items}
     )
     kind, pieces, sources = _plan(
-        list(inputs), out, input_format, items_per_chunk, split_bytes, storage_options
+        list(inputs), out, input_format, items_per_chunk, split_bytes, store
     )
     digest = plan_digest(pieces, sources)
     job = Job(kind, tuple(inputs), items_per_chunk, compress, split_bytes, digest, skip)
     with output_lock(out, _OWNER):
-        return _run_job(job, pieces, sources, out, workers, client, storage_options, show_progress)
+        return _run_job(job, pieces, sources, out, workers, client, store, show_progress)
 
 
 def _run_job(
@@ -148,18 +154,18 @@ def _run_job(
     out: str,
     workers: int | None,
     client: Any,
-    storage_options: dict[str, Any] | None,
+    store: Store,
     show_progress: bool | None,
 ) -> ChunkIndex:
     """`chunk_corpus` once it holds the output: check it, do the pieces not done, write
     the index."""
-    finished = _check_output(job, sources, out, storage_options)
+    finished = _check_output(job, sources, out, store)
     if finished is not None:
-        clean_up(out, PIECES_DIR, storage_options)
+        clean_up(out, PIECES_DIR, store)
         return finished
-    done = _read_manifests(out, storage_options)
+    done = _read_manifests(out, store)
     existing: dict[int, set[str]] = {}
-    for name in chunk_names(out, storage_options):
+    for name in chunk_names(out, store):
         existing.setdefault(piece_of(name), set()).add(name)
     sizes = [piece.size for piece in pieces]
     by_bytes = None not in sizes  # else the bar counts pieces
@@ -187,7 +193,7 @@ def _run_job(
             for piece in pieces
             if piece.number not in done
         ]
-        _run_pieces(job, work, out, storage_options, workers, client, finished_piece)
+        _run_pieces(job, work, out, store, workers, client, finished_piece)
     chunks = tuple(entry for piece in pieces for entry in done[piece.number].entries)
     results = [done[piece.number] for piece in pieces]
     skipped = sum(result.skipped for result in results)
@@ -199,8 +205,8 @@ def _run_job(
             f"the first: {'; '.join(examples)}"
         )
     index = ChunkIndex(out, job.to_json(), chunks, skipped, examples)
-    write_json(join_ref(out, INDEX_NAME), index.to_json(), storage_options)
-    clean_up(out, PIECES_DIR, storage_options)
+    write_json(join_ref(out, INDEX_NAME), index.to_json(), store)
+    clean_up(out, PIECES_DIR, store)
     return index
 
 
@@ -210,7 +216,7 @@ def _plan(
     input_format: str,
     items_per_chunk: int,
     split_bytes: int,
-    storage_options: dict[str, Any] | None,
+    store: Store,
 ) -> tuple[str, list[Piece], list[Source]]:
     """The job's kind, its pieces and its input files; files inside `out` are left out."""
     directories = [ref for ref in inputs if not is_url(ref) and os.path.isdir(ref)]
@@ -221,7 +227,7 @@ def _plan(
             )
         directory = directories[0]
         names = directory_files(directory, leave_out=None if is_url(out) else out)
-        sources = [source_of(os.path.join(directory, name), None) for name in names]
+        sources = [source_of(os.path.join(directory, name), store) for name in names]
         files = [(name, source.size) for name, source in zip(names, sources, strict=True)]
         if input_format == "wds":
             return "wds", sample_pieces(directory, files, items_per_chunk), sources
@@ -240,7 +246,7 @@ def _plan(
         ):
             raise ValueError(f"{_OWNER}: input {pattern!r} does not exist")
         try:
-            matched = find_files(pattern, storage_options=storage_options)
+            matched = find_files(pattern, store)
         except FileNotFoundError as error:
             raise ValueError(f"{_OWNER}: input {pattern!r} matches no file ({error})") from None
         outside = {ref: info for ref, info in sorted(matched.items()) if not _inside(ref, out)}
@@ -257,7 +263,7 @@ def _plan(
             f"{_OWNER}: the inputs mix text lines ({lines!r}) and JSON lines ({jsonl!r}); "
             "chunk them as separate jobs"
         )
-    sources = [source_of(ref, storage_options, info) for ref, info in refs.items()]
+    sources = [source_of(ref, store, info) for ref, info in refs.items()]
     return next(iter(kinds.values())), line_pieces(sources, split_bytes), sources
 
 
@@ -268,19 +274,17 @@ def _inside(ref: str, out: str) -> bool:
     return os.path.realpath(ref).startswith(os.path.join(os.path.realpath(out), ""))
 
 
-def _check_output(
-    job: Job, sources: list[Source], out: str, storage_options: dict[str, Any] | None
-) -> ChunkIndex | None:
+def _check_output(job: Job, sources: list[Source], out: str, store: Store) -> ChunkIndex | None:
     """The index if `out` holds this job finished; None after recording the job in `out`
     if it holds nothing or this job unfinished; ValueError if it holds another job."""
-    names = set(file_names(out, storage_options))
+    names = set(file_names(out, store))
     wanted = job.to_json()
 
     def job_file() -> dict[str, Any] | None:
-        return _read_job_file(out, storage_options) if JOB_NAME in names else None
+        return _read_job_file(out, store) if JOB_NAME in names else None
 
     if INDEX_NAME in names:
-        data = read_bytes(join_ref(out, INDEX_NAME), storage_options)
+        data = read_bytes(join_ref(out, INDEX_NAME), store)
         try:
             index = parse_index(out, data)
         except ChunkIndexError as error:
@@ -292,14 +296,14 @@ def _check_output(
         _require_same_job(recorded, lambda: recorded, wanted, sources, out)
     else:
         record = {**wanted, "sources": [source.to_json() for source in sources]}
-        write_json(join_ref(out, JOB_NAME), record, storage_options)
+        write_json(join_ref(out, JOB_NAME), record, store)
     return None
 
 
-def _read_job_file(out: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
+def _read_job_file(out: str, store: Store) -> dict[str, Any]:
     where = join_ref(out, JOB_NAME)
     try:
-        recorded = load_json(read_bytes(where, storage_options), "it")
+        recorded = load_json(read_bytes(where, store), "it")
         if not isinstance(recorded, dict):
             raise ValueError("it is not a JSON object")
     except ValueError as error:
@@ -351,16 +355,16 @@ def _input_changes(job_file: dict[str, Any] | None, sources: list[Source], out: 
         ) from None
 
 
-def _read_manifests(out: str, storage_options: dict[str, Any] | None) -> dict[int, PieceDone]:
+def _read_manifests(out: str, store: Store) -> dict[int, PieceDone]:
     """What the pieces already done wrote, by piece number."""
     done = {}
     pieces = join_ref(out, PIECES_DIR)
-    for name in file_names(pieces, storage_options):
+    for name in file_names(pieces, store):
         if _MANIFEST.match(name) is None:
             continue
         ref = join_ref(pieces, name)
         try:
-            result = PieceDone.from_json(load_json(read_bytes(ref, storage_options), "it"))
+            result = PieceDone.from_json(load_json(read_bytes(ref, store), "it"))
         except ValueError as error:
             raise ValueError(
                 f"{_OWNER}: the piece manifest {ref} is damaged: {error}; delete it and run "
@@ -374,7 +378,7 @@ def _run_pieces(
     job: Job,
     work: list[tuple[Piece, frozenset[str]]],
     out: str,
-    storage_options: dict[str, Any] | None,
+    store: Store,
     workers: int | None,
     client: Any,
     finished: Callable[[Piece, PieceDone], None],
@@ -382,7 +386,7 @@ def _run_pieces(
     """Do the pieces of `work`, calling `finished` as each completes (in any order)."""
     if client is None and (workers == 1 or len(work) <= 1):
         for piece, existing in work:
-            finished(piece, write_piece(job, piece, out, existing, storage_options))
+            finished(piece, write_piece(job, piece, out, existing, store))
         return
     executor: Executor = (
         client.get_executor()
@@ -390,7 +394,7 @@ def _run_pieces(
         else ProcessPoolExecutor(min(workers or os.cpu_count() or 1, len(work)))
     )
     futures: dict[Future[PieceDone], Piece] = {
-        executor.submit(write_piece, job, piece, out, existing, storage_options): piece
+        executor.submit(write_piece, job, piece, out, existing, store): piece
         for piece, existing in work
     }
     try:

@@ -20,11 +20,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
 from ..io._compression import codec_for
-from ..io._storage import filesystem
+from ..io._store import Store
 from ..io._walk import walk_files
 from ..io.webdataset import split_name
 from ..stages.bad_records import SkipPolicy
@@ -77,18 +78,15 @@ class Source:
         return [self.name, self.size, self.version]
 
 
-def source_of(
-    ref: str, storage_options: dict[str, Any] | None, listed: dict[str, Any] | None = None
-) -> Source:
+def source_of(ref: str, store: Store, listed: Mapping[str, Any] | None = None) -> Source:
     """The `Source` of input file `ref`: one ``stat``; for an object, what its listing
     said (`listed`), else one request to the store."""
     if not is_url(ref):
         status = os.stat(ref)
         return Source(ref, status.st_size, f"mtime_ns {status.st_mtime_ns}")
-    info = listed or {}
+    info: Mapping[str, Any] = listed or {}
     if info.get("size") is None or not any(info.get(k) is not None for k in _VERSION_KEYS):
-        fs, path = filesystem(ref, storage_options)
-        info = fs.info(path)
+        info = store.info(ref)
     key = next((k for k in _VERSION_KEYS if info.get(k) is not None), None)
     return Source(ref, int(info["size"]), "" if key is None else f"{key} {info[key]}")
 

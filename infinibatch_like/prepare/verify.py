@@ -7,17 +7,23 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..io import open_chunk, read_jsonl, read_lines, read_records, read_webdataset
-from ._refs import join_ref, stored_size
+from ..io._store import StorageOptions, Store
+from ..io.readers import json_values_in, lines_in
+from ..io.records import records_in
+from ..io.retry import RetryPolicy
+from ..io.streams import open_stream
+from ..io.webdataset import Samples
+from ._refs import join_ref
 from .index import INDEX_NAME, ChunkEntry, ChunkIndex, chunk_names, missing_and_unlisted
 
-READERS: dict[str, Callable[..., Iterable[Any]]] = {
-    "lines": read_lines,
-    "jsonl": read_jsonl,
-    "files": read_records,
-    "wds": read_webdataset,
+READERS: dict[str, Callable[[str, Store], Iterable[Any]]] = {
+    "lines": lines_in,
+    "jsonl": json_values_in,
+    "files": records_in,
+    "wds": Samples,
 }
-"""The reader of each kind of chunk: what a pipeline's ``read_chunk_fn`` would be."""
+"""The reader of each kind of chunk (`read_lines`, `read_jsonl`, `read_records`,
+`read_webdataset`): what a pipeline's ``read_chunk_fn`` would be."""
 _BLOCK = 1 << 20
 
 
@@ -33,19 +39,29 @@ class Problem:
 
 
 def verify_chunks(
-    index: ChunkIndex, *, storage_options: dict[str, Any] | None = None
+    index: ChunkIndex,
+    *,
+    storage_options: StorageOptions | None = None,
+    retry: RetryPolicy | None = None,
 ) -> Iterable[tuple[ChunkEntry | None, list[Problem]]]:
     """Check every chunk of `index` (existence, stored size, SHA-256 of the content, item
     count read with the kind's reader); yield each chunk with its problems (none if it is
-    sound), then ``(None, problems)`` for chunk files that the index does not list."""
-    present = chunk_names(index.location, storage_options)
+    sound), then ``(None, problems)`` for chunk files that the index does not list.
+
+    Args:
+        index: the index (`load_index`).
+        storage_options: options of the fsspec file system of a URL.
+        retry: the retry policy of transient remote failures (`DEFAULT_RETRY` if None).
+    """
+    store = Store.of(storage_options, retry)
+    present = chunk_names(index.location, store)
     missing, unlisted = missing_and_unlisted(index, present)
     absent = set(missing)
     for chunk in index.chunks:
         if chunk.name in absent:
             yield chunk, [Problem(chunk.name, "missing (listed in the index, no such file)")]
         else:
-            yield chunk, _check(index, chunk, storage_options)
+            yield chunk, _check(index, chunk, store)
     yield (
         None,
         [
@@ -55,20 +71,18 @@ def verify_chunks(
     )
 
 
-def _check(
-    index: ChunkIndex, chunk: ChunkEntry, storage_options: dict[str, Any] | None
-) -> list[Problem]:
+def _check(index: ChunkIndex, chunk: ChunkEntry, store: Store) -> list[Problem]:
     ref = join_ref(index.location, chunk.name)
     problems = []
-    size = stored_size(ref, storage_options=storage_options)
+    size = store.size(ref)
     if size != chunk.size:
         problems.append(Problem(chunk.name, f"{size} bytes, the index says {chunk.size}"))
     try:
         digest = hashlib.sha256()
-        with open_chunk(ref, storage_options=storage_options) as stream:
+        with open_stream(ref, store) as stream:
             while block := stream.read(_BLOCK):
                 digest.update(block)
-        items = sum(1 for _ in READERS[index.kind](ref, storage_options=storage_options))
+        items = sum(1 for _ in READERS[index.kind](ref, store))
     except Exception as error:  # a damaged chunk is a finding, whatever the reader raises
         return [*problems, Problem(chunk.name, f"unreadable: {type(error).__name__}: {error}")]
     if digest.hexdigest() != chunk.sha256:

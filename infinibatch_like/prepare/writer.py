@@ -20,9 +20,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any
 
-from ..io import Record, open_chunk, open_output, write_records, write_webdataset
+from ..io import Record, write_records, write_webdataset
+from ..io._lines import BadLine, LineSplitter, line_blocks
+from ..io._store import Store
+from ..io.output import output_in
+from ..io.streams import open_stream
 from ..io.webdataset import split_name
-from ._refs import join_ref, stored_size
+from ._refs import join_ref
 from .checks import BadLines, json_blocks, text_blocks
 from .index import ChunkEntry, entry_from_json
 from .plan import Job, Piece, chunk_sizes
@@ -71,7 +75,7 @@ def write_piece(
     piece: Piece,
     out: str,
     existing: Set[str],
-    storage_options: dict[str, Any] | None,
+    store: Store,
 ) -> PieceDone:
     """Write the chunks of `piece` under `out` (those named in `existing` are already
     there) and its manifest; return what it wrote.
@@ -82,23 +86,23 @@ def write_piece(
     """
     entries = []
     bad = BadLines(job.skip_policy(), _where(piece))
-    for number, payload, items in _chunk_payloads(job, piece, bad, storage_options):
+    for number, payload, items in _chunk_payloads(job, piece, bad, store):
         name = job.chunk_name(piece.number, number)
         ref = join_ref(out, name)
         if name not in existing:
-            with open_output(ref, storage_options=storage_options) as output:
+            with output_in(ref, store) as output:
                 output.write(payload)
-        size = stored_size(ref, storage_options=storage_options)
+        size = store.size(ref)
         entries.append(ChunkEntry(name, items, size, hashlib.sha256(payload).hexdigest()))
     done = PieceDone(entries, bad.count, tuple(bad.examples))
     manifest_ref = join_ref(out, manifest_name(piece.number))
-    with open_output(manifest_ref, storage_options=storage_options) as output:
+    with output_in(manifest_ref, store) as output:
         output.write(json.dumps(done.to_json()).encode("utf-8"))
     return done
 
 
 def _chunk_payloads(
-    job: Job, piece: Piece, bad: BadLines, storage_options: dict[str, Any] | None
+    job: Job, piece: Piece, bad: BadLines, store: Store
 ) -> Iterator[tuple[int, bytes, int]]:
     """(chunk number, decompressed content, item count) for each chunk of `piece`: a
     first read counts its items, a second cuts them into chunks of `chunk_sizes`."""
@@ -111,11 +115,11 @@ def _chunk_payloads(
             count = write_webdataset(buffer, _samples(records))
         yield 0, buffer.getvalue(), count
         return
-    with _line_blocks(piece, storage_options) as blocks:
+    with _line_blocks(piece, store) as blocks:
         counting = BadLines(bad.policy, bad.where)
         items = sum(len(block) for block in _checked(job, blocks, counting))
     sizes = chunk_sizes(items, job.items_per_chunk)
-    with _line_blocks(piece, storage_options) as blocks:
+    with _line_blocks(piece, store) as blocks:
         for number, lines in enumerate(_cut(_checked(job, blocks, bad), sizes, piece)):
             yield number, b"\n".join(lines) + b"\n", len(lines)
 
@@ -173,29 +177,26 @@ def _where(piece: Piece) -> str:
 
 
 @contextmanager
-def _line_blocks(
-    piece: Piece, storage_options: dict[str, Any] | None
-) -> Iterator[Iterator[list[bytes]]]:
-    """The input lines of `piece` (bytes, without their "\\n"), a block at a time."""
+def _line_blocks(piece: Piece, store: Store) -> Iterator[Iterator[list[bytes]]]:
+    """The input lines of `piece` (bytes, without their "\\n" or "\\r\\n"), a block at a
+    time, split as `read_lines` splits them."""
     if piece.end is None:
-        with open_chunk(piece.source, storage_options=storage_options) as stream:
-            yield _split(stream)
+        with open_stream(piece.source, store) as stream:
+            yield _split(piece.source, stream)
         return
     with open(piece.source, "rb") as file:
         start, end = _line_start(file, piece.start), _line_start(file, piece.end)
         file.seek(start)
         data = file.read(max(0, end - start))
-    yield _split(io.BytesIO(data))
+    yield _split(_where(piece), io.BytesIO(data))
 
 
-def _split(stream: IO[bytes]) -> Iterator[list[bytes]]:
-    tail = b""
-    while block := stream.read(_BLOCK):
-        lines = (tail + block).split(b"\n")
-        tail = lines.pop()
-        yield lines
-    if tail:
-        yield [tail]
+def _split(where: str, stream: IO[bytes]) -> Iterator[list[bytes]]:
+    for block in line_blocks(stream, LineSplitter.raw(where), _BLOCK):
+        if isinstance(block, BadLine):  # a line over a limit: the raw splitter has none
+            next(block)  # raises its ChunkFormatError
+        else:
+            yield block
 
 
 def _line_start(file: IO[bytes], offset: int) -> int:

@@ -4,6 +4,7 @@
 - `permutation`: shuffled indices for map-style data, one permutation per epoch.
 - `flatten`: one item becomes many (`SelectManyIterator`: chunks into records, read ahead).
 - `mapping`: one-to-one transforms (`MapIterator`, `SamplingRandomMapIterator`).
+- `filter`: the items for which a predicate holds (`FilterIterator`).
 - `batchmap`: transforms applied to lists of items at once (`BatchMapIterator`).
 - `parallel_map`: a transform applied by worker processes or threads (`ParallelMapIterator`).
 - `prefetch`: items produced ahead in a thread or a process (`PrefetchIterator`).
@@ -27,6 +28,7 @@ from .batchmap import BatchMapIterator
 from .budget import TokenBudgetMultiplexIterator
 from .fanout import FanOut, FanOutConsumer
 from .fanout_remote import RemoteConsumer, attach
+from .filter import FilterIterator
 from .flatten import SelectManyIterator
 from .mapping import MapIterator, SamplingRandomMapIterator
 from .multiplex import MultiplexIterator, MultiplexSourceExhaustedError, ZipIterator
@@ -55,6 +57,7 @@ __all__ = [
     "ChunkedSourceIterator",
     "FanOut",
     "FanOutConsumer",
+    "FilterIterator",
     "FixedBatchIterator",
     "InfinitePermutationSourceIterator",
     "MapIterator",

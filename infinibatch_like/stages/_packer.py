@@ -69,10 +69,13 @@ class Packer:
         length, seq_len = len(tokens), self.seq_len
         self._origin = origin
         if not self.best_fit:
-            start = 0
+            start, open_ = 0, self.open
             while start < length:
-                bin_ = next(iter(self.open.values()), None) or self._open(document, 0)
-                take = min(seq_len - bin_.fill, length - start)
+                bin_ = next(iter(open_.values())) if open_ else self._open(document, 0)
+                take = seq_len - bin_.fill
+                if take >= length - start:
+                    self._put(bin_, tokens[start:] if start else tokens, start)
+                    return
                 self._put(bin_, tokens[start : start + take], start)
                 start += take
             return

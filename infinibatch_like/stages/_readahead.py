@@ -33,7 +33,8 @@ T = TypeVar("T")
 
 class ReadAheadStage(Stage[T]):
     """Base of stages that yield the rearranged outputs of one group of source items at a
-    time; subclasses implement `_next_group`.
+    time; subclasses implement `_next_group`, and call `_init_read_ahead` then
+    ``self._restore(None)`` in their ``__init__``.
 
     Checkpoint:
         ``{"source", "seed", "draws", "generator", "emitted"}``: the source's state and the
@@ -50,11 +51,11 @@ class ReadAheadStage(Stage[T]):
     }
 
     def _init_read_ahead(self, source: CheckpointableIterator[Any], seed: Seed | None) -> None:
+        """Read groups from `source` with `seed` (fields only: see `Stage`)."""
         require_checkpointable(self._name, "source_iterator", source)
         self._seed, self._seed_drawn = resolve_seed(self._name, seed)
         self._source = source
         self._sources = (source,)
-        self._restore(None)
 
     @property
     @abstractmethod
@@ -86,11 +87,11 @@ class ReadAheadStage(Stage[T]):
 
     def _restore(self, state: State | None) -> None:
         if state is None:
-            self.restore_source(self._source, None, "source")
+            self.restore_source(self._source, None)
             self._mark: Mark = (0, None)
             self._skip = 0
         else:
-            self.restore_source(self._source, state["source"], "source")
+            self.restore_source(self._source, state["source"])
             self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
             self._mark = read_mark(self, state["draws"], state["generator"])
             self._skip = state["emitted"]

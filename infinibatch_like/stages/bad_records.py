@@ -12,11 +12,12 @@ and `chunked_dataset_iterator`.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypeVar
 
-from .._core.notes import short_repr
+from .._core.names import short_repr
 from .._core.protocol import CheckpointableIterator, SkippableIterator, State, StateMismatchError
 from .._core.schema import FieldSpec, Int, ListOf, Omissible, Pair, Record
 from .._core.stage import Stage
@@ -341,15 +342,28 @@ class BudgetedStage(Stage[T]):
     _budget: Budget | None = None
 
     def _init_budget(self, owner: str, on_error: object) -> None:
+        """Set up the budget of `on_error` (see `Stage`: a base's setup sets fields only)."""
         policy = resolve_on_error(owner, on_error)
         self._budget = None if policy is None else Budget(self._name, policy)
 
     @property
-    def skipped(self) -> SkipLedger:
-        """What this stage skipped so far (an empty ledger with ``on_error="raise"``)."""
+    def skip_ledger(self) -> SkipLedger:
+        """What this stage skipped so far (an empty ledger with ``on_error="raise"``); the
+        ledgers of a whole pipeline are `skip_ledgers`."""
         if self._budget is None:
             return SkipLedger(self._name)
         return self._budget.ledger()
+
+    @property
+    def skipped(self) -> SkipLedger:
+        """Deprecated: `skip_ledger` (``skipped`` is a count elsewhere, e.g.
+        ``SkipIterator.skipped``)."""
+        warnings.warn(
+            f"{self._name}.skipped is deprecated; use .skip_ledger (the same SkipLedger)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.skip_ledger
 
     def _skip_fields(self, seen: int) -> State:
         """``{"skips": ...}`` with `seen` items of the input so far (nothing without a budget)."""
@@ -374,7 +388,8 @@ def skip_ledgers(
     pipeline: CheckpointableIterator[Any] | Mapping[str, Any],
 ) -> dict[str, SkipLedger]:
     """The ledgers of every stage of `pipeline` that skips bad records, by chain path
-    (e.g. ``"MapIterator > PrefetchIterator > SelectManyIterator"``).
+    (e.g. ``"MapIterator.source > PrefetchIterator.source > SelectManyIterator"``: the
+    path of `infinibatch_like._core.graph`, its steps the fields of the state).
 
     `pipeline` is a pipeline, whose state is read (so stages inside worker processes are
     included, as of their latest snapshot), or a state, e.g. one loaded from a checkpoint.
@@ -386,9 +401,11 @@ def skip_ledgers(
 
 
 def _collect(state: object, path: list[str], found: dict[str, SkipLedger]) -> None:
+    """Add the ledgers in `state` to `found`; `path`: the path down to `state`, its last
+    step open (``["MapIterator.source"]``) where `state` is a stage's field."""
     if isinstance(state, list):
-        for item in state:
-            _collect(item, path, found)
+        for index, item in enumerate(state):
+            _collect(item, _step(path, f"[{index}]"), found)
         return
     if not isinstance(state, dict):
         return
@@ -407,4 +424,9 @@ def _collect(state: object, path: list[str], found: dict[str, SkipLedger]) -> No
         found[key] = budget.ledger(key)
     for key, value in state.items():
         if key not in ("skips", "fingerprint"):
-            _collect(value, here, found)
+            _collect(value, _step(here, f".{key}"), found)
+
+
+def _step(path: list[str], step: str) -> list[str]:
+    """`path` with `step` (``".source"``, ``"[1]"``) added to its last part."""
+    return [*path[:-1], path[-1] + step] if path else path

@@ -43,7 +43,7 @@ class FixedBatchIterator(Stage[list[T]]):
         return {"source": source_state(self._source)}
 
     def _restore(self, state: State | None) -> None:
-        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self.restore_source(self._source, None if state is None else state["source"])
         self._iterator = self._generate()
 
     def _generate(self) -> Iterator[list[T]]:
@@ -128,6 +128,7 @@ class BucketedReadaheadBatchIterator(ReadAheadStage[list[T]]):
         self._key, self._batch_size, self._boundary_key = key, batch_size, boundary_key
         self._shuffle = bool(shuffle)
         self._init_read_ahead(source_iterator, seed)
+        self._restore(None)
 
     def _arguments(self) -> State:
         return {

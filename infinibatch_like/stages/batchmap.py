@@ -97,6 +97,6 @@ class BatchMapIterator(Stage[U]):
         skip = 0
         if state is not None:
             skip = state["offset"]
-        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self.restore_source(self._source, None if state is None else state["source"])
         self._start, self._offset = source_state(self._source), skip
         self._iterator = self._generate(skip)

@@ -1,7 +1,7 @@
 """Fan-out consumers in other processes of the host: the owner serves them on a Unix
 socket (`_fanout_server.Server`), each attaches by its path (`attach`).
 
-Messages are pickled tuples in the frames of `_background.wire`, one request and one
+Messages are pickled tuples in the frames of `background.wire`, one request and one
 reply at a time: ``("attach", index, pid)``, ``("next", most)``, ``("getstate", held)``,
 ``("setstate", state)``, ``("close", held)`` (`held`: items received and not used). A
 reply is ``("ok", value)``, ``("end",)`` or ``("error", report)``; ``("next", most)`` is

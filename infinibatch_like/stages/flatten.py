@@ -11,7 +11,8 @@ from itertools import chain, repeat
 from typing import Any, ClassVar
 
 from .._core.checks import require_callable, require_checkpointable, require_int
-from .._core.notes import NOTE_PREFIX, add_note, has_library_note, short_repr
+from .._core.names import short_repr
+from .._core.notes import NOTE_PREFIX, add_note, has_library_note
 from .._core.probe import Gauges, StageProbe
 from .._core.protocol import CheckpointableIterator, SkippableIterator, State, StateMismatchError
 from .._core.schema import FieldSpec, Int
@@ -257,10 +258,10 @@ class SelectManyIterator(BudgetedStage[Any]):
 
     def _restore(self, state: State | None) -> None:
         if state is None:
-            self.restore_source(self._source, None, "source")
+            self.restore_source(self._source, None)
             self._anchor, self._consumed = source_state(self._source), 0
         else:
-            self.restore_source(self._source, state["source"], "source")
+            self.restore_source(self._source, state["source"])
             self._anchor, self._consumed = state["source"], state["consumed"]
         self._base = self._restore_budget(state) - self._consumed
         self._window = None
@@ -345,7 +346,7 @@ class SelectManyIterator(BudgetedStage[Any]):
             try:
                 inner = self._open(collection)
                 if skip:
-                    skip_items(self, inner, skip, "the current collection")
+                    skip_items(inner, skip, self._name, "the current collection")
                 for self._consumed, output in enumerate(inner, skip + 1):
                     yield output
             except Exception as error:
@@ -374,7 +375,7 @@ class SelectManyIterator(BudgetedStage[Any]):
                     self._base += 1
                     continue
                 if skip:
-                    skip_items(self, inner, skip, "the current collection")
+                    skip_items(inner, skip, self._name, "the current collection")
                 while (output := next(inner, _END)) is not _END:
                     if type(output) is BadRecord:
                         kind = "record"

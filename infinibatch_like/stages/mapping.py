@@ -114,7 +114,7 @@ class MapIterator(BudgetedStage[U]):
         return {"source": source_state(self._source), **self._skip_fields(self._seen)}
 
     def _restore(self, state: State | None) -> None:
-        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self.restore_source(self._source, None if state is None else state["source"])
         self._seen = self._restore_budget(state)
         self._iterator = self._mapped()
 
@@ -178,7 +178,7 @@ class SamplingRandomMapIterator(Stage[U]):
         }
 
     def _restore(self, state: State | None) -> None:
-        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self.restore_source(self._source, None if state is None else state["source"])
         if state is None:
             self._rng = CountingRandom(self._seed)
         else:

@@ -86,7 +86,7 @@ class MultiplexIterator(Stage[Any]):
         }
 
     def _restore(self, state: State | None) -> None:
-        self.restore_source(self._control, None if state is None else state["control"], "control")
+        self.restore_source(self._control, None if state is None else state["control"])
         self.restore_sources(self._choices, None if state is None else state["sources"], "sources")
         self._iterator = self._generate()
 

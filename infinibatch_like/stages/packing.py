@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypedDict
 
 from .._core.checks import require_checkpointable, require_int
@@ -189,7 +190,12 @@ class PackingIterator(Stage[PackedSequence]):
         self._bos = None if bos_id is None else require_int(_NAME, "bos_id", bos_id, 0)
         self._eos = None if eos_id is None else require_int(_NAME, "eos_id", eos_id, 0)
         self._traced = bool(traced)
-        self._np = _numpy()
+        self._np = np = _numpy()
+        self._empty = np.zeros(0, dtype=np.int64)
+        self._heads = () if self._bos is None else (np.array([self._bos], dtype=np.int64),)
+        self._tails = () if self._eos is None else (np.array([self._eos], dtype=np.int64),)
+        self._ids = np.arange(1, self._seq_len + 2, dtype=np.int32)  # segment ids
+        self._steps = np.arange(self._seq_len, dtype=np.int32)  # positions before restarts
         self._source = source_iterator
         self._sources = (source_iterator,)
         self._restore(None)
@@ -232,7 +238,7 @@ class PackingIterator(Stage[PackedSequence]):
         raise AssertionError(f"{_NAME}: no replay point before document {document}")
 
     def _restore(self, state: State | None) -> None:
-        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self.restore_source(self._source, None if state is None else state["source"])
         self._packer = Packer(self._seq_len, self._window, self._best_fit, self._traced)
         self._read = self._yielded = 0
         self._ended = False
@@ -342,48 +348,40 @@ class PackingIterator(Stage[PackedSequence]):
     def _tokens(self, item: Any) -> Any:
         """`item` as a 1-D int array with BOS/EOS added, truncated if asked."""
         np = self._np
-        try:
-            tokens = item if isinstance(item, np.ndarray) else np.asarray(item)
-        except ValueError:  # ragged
-            tokens = np.asarray(None)
-        if tokens.ndim != 1 or (tokens.size and tokens.dtype.kind not in "iu"):
+        if type(item) is not np.ndarray:
+            try:
+                item = np.asarray(item)
+            except ValueError:  # ragged
+                item = np.asarray(None)
+        if item.ndim != 1 or (item.dtype.kind not in "iu" and item.size):
             raise TypeError(
                 f"{_NAME}: a document must be a flat sequence of ints (a list or 1-D numpy "
                 f"array), got {_preview(item)}"
             )
-        if not tokens.size:
-            tokens = np.zeros(0, dtype=np.int64)
-        if self._bos is not None or self._eos is not None:
-            parts = [tokens]
-            if self._bos is not None:
-                parts.insert(0, np.array([self._bos]))
-            if self._eos is not None:
-                parts.append(np.array([self._eos]))
-            tokens = np.concatenate(parts)
-        if self._truncate and len(tokens) > self._seq_len:
-            tokens = tokens[: self._seq_len]
-        return tokens
+        if not item.size:
+            item = self._empty
+        if self._heads or self._tails:
+            item = np.concatenate((*self._heads, item, *self._tails))
+        if self._truncate and len(item) > self._seq_len:
+            return item[: self._seq_len]
+        return item
 
     def _assembled(self, bin_: Bin) -> PackedSequence:
-        np, seq_len = self._np, self._seq_len
-        lengths = [len(piece) for piece in bin_.pieces]
-        fill = bin_.fill
-        tokens = np.full(seq_len, self._pad_id, dtype=np.int64)
-        tokens[:fill] = np.concatenate(bin_.pieces)
+        np, seq_len, fill = self._np, self._seq_len, bin_.fill
+        pieces = bin_.pieces
+        lengths = [len(piece) for piece in pieces]
+        tokens = np.empty(seq_len, dtype=np.int64)
+        np.concatenate(pieces, out=tokens[:fill], casting="unsafe")
         if fill < seq_len:
+            tokens[fill:] = self._pad_id
             lengths.append(seq_len - fill)
-        cu_seqlens = np.zeros(len(lengths) + 1, dtype=np.int32)
-        np.cumsum(lengths, out=cu_seqlens[1:])
-        segments = len(bin_.pieces)
-        segment_ids = np.zeros(seq_len, dtype=np.int32)
-        segment_ids[:fill] = np.repeat(
-            np.arange(1, segments + 1, dtype=np.int32), lengths[:segments]
-        )
-        positions = np.arange(seq_len, dtype=np.int32) - np.repeat(cu_seqlens[:-1], lengths)
+        cu_seqlens = np.array([0, *accumulate(lengths)], dtype=np.int32)
+        segment_ids = self._ids[: len(lengths)].repeat(lengths)
+        segment_ids[fill:] = 0
         sequence: PackedSequence = {
             "tokens": tokens,
             "segment_ids": segment_ids,
-            "positions": positions,
+            "positions": self._steps - cu_seqlens[:-1].repeat(lengths),
             "loss_mask": segment_ids > 0,
             "cu_seqlens": cu_seqlens,
         }

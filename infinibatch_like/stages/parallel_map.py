@@ -12,8 +12,8 @@ from typing import Any
 from .._core.checks import require_callable, require_checkpointable, require_int
 from .._core.probe import Gauges
 from .._core.protocol import CheckpointableIterator, State
-from .._core.stage import fast_iterator, source_state
-from ..background.cursor import ReplayCursor, replay
+from .._core.stage import fast_iterator, skip_items, source_state
+from ..background.cursor import ReplayCursor
 from ..background.errors import as_exception
 from ..background.lifecycle import ProcessesRefused, get_context, warn_thread_fallback
 from ..background.messages import Result, Task
@@ -59,7 +59,8 @@ class _Dispatcher:
         self._getstate = partial(source_state, source)
         self._cursor, self._every = cursor, snapshot_every
         self.dispatched = cursor.consumed
-        replay(self._pull, self.dispatched, "ParallelMapIterator")
+        owner, what = "ParallelMapIterator", "its source after the snapshot"
+        skip_items(self._pull, self.dispatched, owner, what)
         if self.dispatched:
             cursor.snapshot(self.dispatched, self._getstate())
         self._next_snapshot = self.dispatched + snapshot_every
@@ -299,12 +300,13 @@ class ParallelMapIterator(BudgetedStage[Any], BackgroundStage[Any]):
             batched,
         )
         self._init_background(source_iterator, runner)
+        self._restore(None)
 
     def _state(self) -> State:
-        return {**super()._state(), **self._skip_fields(self._seen)}
+        return {**BackgroundStage._state(self), **self._skip_fields(self._seen)}
 
     def _restore(self, state: State | None) -> None:
-        super()._restore(state)
+        BackgroundStage._restore(self, state)
         self._seen = self._restore_budget(state)
         if self._budget is not None:
             self._iterator = self._skipping(self._iterator, self._budget)

@@ -199,3 +199,4 @@ class PrefetchIterator(BackgroundStage[Any]):
             bool(buffer_in_main_process),
         )
         self._init_background(source_iterator, runner)
+        self._restore(None)

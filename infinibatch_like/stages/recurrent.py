@@ -57,7 +57,7 @@ class RecurrentIterator(Stage[Any]):
         }
 
     def _restore(self, state: State | None) -> None:
-        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self.restore_source(self._source, None if state is None else state["source"])
         self._recurrent_state = copy.deepcopy(
             self._initial_state if state is None else state["recurrent_state"]
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any, ClassVar, TypeVar
 
@@ -53,6 +53,7 @@ class BlockwiseShuffleIterator(ReadAheadStage[T]):
     ) -> None:
         self._block_size = require_int("BlockwiseShuffleIterator", "block_size", block_size, 1)
         self._init_read_ahead(source_iterator, seed)
+        self._restore(None)
 
     def _arguments(self) -> State:
         return {"block_size": self._block_size}
@@ -110,6 +111,18 @@ class BufferedShuffleIterator(Stage[T]):
     def _arguments(self) -> State:
         return {"buffer_size": self._size}
 
+    @staticmethod
+    def _held_items_as(state: State, convert: Callable[[Any], Any]) -> State:
+        """`state` with `convert` applied to the items its buffer holds (lineage's traced
+        twin takes them as of unknown origin)."""
+        empty = state.get("empty")
+        skip = {index for index in empty if type(index) is int} if type(empty) is list else set()
+        buffer = state.get("buffer")
+        if type(buffer) is not list:
+            return state
+        items = [item if index in skip else convert(item) for index, item in enumerate(buffer)]
+        return {**state, "buffer": items}
+
     def _state(self) -> State:
         buffer = self._buffer
         empty = [index for index, item in enumerate(buffer) if item is _EMPTY]
@@ -125,7 +138,7 @@ class BufferedShuffleIterator(Stage[T]):
         }
 
     def _restore(self, state: State | None) -> None:
-        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self.restore_source(self._source, None if state is None else state["source"])
         if state is None:
             self._buffer: list[Any] = [_EMPTY] * self._size
             self._rng = CountingRandom(self._seed)

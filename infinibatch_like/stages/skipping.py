@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar, TypeVar
 
 from .._core.checks import require_checkpointable, require_int
-from .._core.notes import short_repr
+from .._core.names import short_repr
 from .._core.protocol import CheckpointableIterator, State
 from .._core.schema import Check, FieldSpec, Int, ListOf
 from .._core.stage import Stage, fast_iterator, source_state
@@ -153,7 +153,7 @@ class SkipIterator(Stage[T]):
         }
 
     def _restore(self, state: State | None) -> None:
-        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self.restore_source(self._source, None if state is None else state["source"])
         if state is None:
             self._position, self._skipped, pending, self._done = 0, 0, [], []
         else:

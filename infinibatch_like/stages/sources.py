@@ -81,7 +81,7 @@ class NativeCheckpointableIterator(Stage[T]):
             iterator.__setstate__(consumed)  # type: ignore[attr-defined]
             self._iterator = self._indexed_iterator = iterator  # the first may be wrapped
         else:
-            skip_items(self, iterator, consumed, "the iterable")
+            skip_items(iterator, consumed, self._name, "the iterable")
             self._consumed = consumed
             self._iterator = self._counting(iterator)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_right
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
 from itertools import accumulate
 from typing import Any, ClassVar, TypeVar, cast
@@ -123,8 +123,6 @@ class WeightedMultiplexIterator(Stage[T]):
     """
 
     _not_elastic = "its schedule belongs to this rank's sources"
-    _item_cost: Callable[[Any], int] | None = None
-    """What each item adds to its source's count: None counts items (subclasses: a cost)."""
     _state_fields: ClassVar[dict[str, FieldSpec]] = {
         "sources": list,
         "weights": _Weights(),
@@ -179,7 +177,7 @@ class WeightedMultiplexIterator(Stage[T]):
 
     def _state(self) -> State:
         return {
-            "sources": [source_state(source) for source in self._choices],
+            "sources": self._source_states(),
             "weights": list(self._weights),
             "initial_weights": list(self._initial),
             "seed": self._seed,
@@ -188,6 +186,10 @@ class WeightedMultiplexIterator(Stage[T]):
             "active": list(self._active),
             "ended": self._ended,
         }
+
+    def _source_states(self) -> list[State]:
+        """The sources' states for a checkpoint (a subclass reading ahead records its own)."""
+        return [source_state(source) for source in self._choices]
 
     def _restore(self, state: State | None) -> None:
         count = len(self._choices)
@@ -232,7 +234,6 @@ class WeightedMultiplexIterator(Stage[T]):
     def _generate(self) -> Iterator[T]:
         pulls = [fast_iterator(source) for source in self._choices]
         choose = self._scheduled if self._exact else self._drawn
-        cost = self._item_cost
         while not self._ended:
             if not self._live:
                 self._ended = True
@@ -241,13 +242,17 @@ class WeightedMultiplexIterator(Stage[T]):
             try:
                 item = next(pulls[index])
             except StopIteration:
-                self._active[index] = False
-                self._ended = self._stop_first
-                self._counts = [0] * len(pulls)
-                self._plan()
+                self._drop(index)
                 continue
-            self._counts[index] += 1 if cost is None else cost(item)
+            self._counts[index] += 1
             yield item
+
+    def _drop(self, index: int) -> None:
+        """Source `index` has ended: drop it (`stop_on`) and start the counts again."""
+        self._active[index] = False
+        self._ended = self._stop_first
+        self._counts = [0] * len(self._choices)
+        self._plan()
 
     def _drawn(self) -> int:
         """A source drawn at random in proportion to the weights of the live sources."""

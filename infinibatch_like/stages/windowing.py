@@ -53,7 +53,7 @@ class WindowedIterator(Stage[tuple[T, ...]]):
         return {"source": self._previous[1], "replay": read - self._previous[0]}
 
     def _restore(self, state: State | None) -> None:
-        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self.restore_source(self._source, None if state is None else state["source"])
         anchor = source_state(self._source)
         replay = 0 if state is None else state["replay"]
         # Positions count items read since the anchor this state was restored from.

@@ -21,6 +21,10 @@ call: their buffer fill, what is in flight and their workers' busy time. `storag
 what this process and the worker processes of its stages fetched from object stores
 (requests, bytes, cache hits) since then, which `report` and `flat` include. Statistics
 are never part of a checkpoint.
+
+Modules: `_collect` (the counters as plain data), `_report` (the readable tree),
+`_headspace` (the pipeline's and the consumer's rates), `_plot` (`History`), `_storage`
+(object-store reads), `lineage` (which chunk and record each sample came from).
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any, TypedDict
 
+from .._core.graph import Place, walk
 from .._core.probe import StageProbe, current_gauges, probe_of
 from .._core.protocol import CheckpointableIterator
-from .._core.stage import Stage
 from ..background.stage import BackgroundStage
 from ._storage import storage
 
@@ -109,10 +109,25 @@ def collect(pipeline: CheckpointableIterator[Any]) -> list[StageStats]:
         )
     now = time.perf_counter()
     wall = 0.0 if root.started is None else (root.ended_at or now) - root.started
+    places = list(walk(pipeline))
     entries: list[StageStats] = []
-    name = type(pipeline).__name__
-    tree: dict[int, list[StageStats]] = {}
-    top, _ = _visit(pipeline, (name, name), 0, "consumer", wall, entries, tree)
+    at: dict[int, StageStats] = {}  # by stage: its entry
+    inner: dict[int, str] = {}  # by stage: where its sources' items are pulled
+    tree: dict[int, list[StageStats]] = {}  # by entry: its sources' entries
+    for place in places:  # downstream first: where each stage runs
+        stage, parent = place.stage, place.parent
+        runs_in = "consumer" if parent is None else inner[id(parent.stage)]
+        probe = probe_of(stage)
+        entry = _entry(stage, probe, place, runs_in, wall)
+        entries.append(entry)
+        tree[id(entry)] = []
+        if parent is not None:
+            tree[id(at[id(parent.stage)])].append(entry)
+        at[id(stage)], inner[id(stage)] = entry, _sources_run_in(stage, probe, place.path, runs_in)
+    exact: dict[int, float] = {}
+    for place, entry in reversed(list(zip(places, entries, strict=True))):  # sources first
+        exact[id(entry)] = _add_sources(place.stage, entry, tree[id(entry)], exact)
+    top = entries[0]
     _stall(top, 1.0, tree)
     for key, part in (("work_s", "share"), ("stall_s", "stall_share")):
         total = sum(entry[key] for entry in entries)  # type: ignore[literal-required]
@@ -140,87 +155,54 @@ def _stall(entry: StageStats, scale: float, tree: dict[int, list[StageStats]]) -
         _stall(child, scale, tree)
 
 
-def _visit(
+def _add_sources(
     stage: CheckpointableIterator[Any],
-    paths: tuple[str, str],
-    depth: int,
-    runs_in: str,
-    wall: float,
-    entries: list[StageStats],
-    tree: dict[int, list[StageStats]],
-) -> tuple[StageStats, float]:
-    """Append the entries of `stage` (at `paths`: its path and pattern) and its upstream
-    stages to `entries`; return the stage's entry and the time of the steps timed in full
-    in its pulls."""
+    entry: StageStats,
+    children: list[StageStats],
+    exact: dict[int, float],
+) -> float:
+    """Complete `entry` with its sources' entries (`children`, complete already); return
+    the time of the steps timed in full in its pulls (`exact`: theirs, by entry)."""
     probe = probe_of(stage)
-    path, pattern = paths
-    entry = _entry(stage, probe, path, depth, runs_in, wall)
-    entry["pattern"] = pattern
-    entries.append(entry)
-    exact = 0.0 if probe is None else probe.exact_s
-    sources = [s for s in getattr(stage, "_sources", ()) if isinstance(s, CheckpointableIterator)]
-    inner = runs_in
-    where = stage._source_pulled_in(probe) if isinstance(stage, BackgroundStage) else None
-    if probe is not None and where is not None:
-        inner = f"worker {where} of {path}"
-    replicas = isinstance(stage, Stage) and stage._replica_sources
-    children = [
-        _visit(
-            source,
-            _child_paths(paths, sources, index, replicas),
-            depth + 1,
-            inner,
-            wall,
-            entries,
-            tree,
-        )
-        for index, source in enumerate(sources)
-    ]
-    exact += sum(child_exact for child, child_exact in children if child["runs_in"] == runs_in)
-    children_entries = tree[id(entry)] = [child for child, _ in children]
+    runs_in = entry["runs_in"]
+    own = 0.0 if probe is None else probe.exact_s
+    own += sum(exact[id(child)] for child in children if child["runs_in"] == runs_in)
     if probe is not None:  # the sampled rest, plus every step timed in full in its pulls
-        entry["time_s"] = entry["self_s"] = probe.estimated_s + exact
-    if probe is not None and sources:
-        entry["items_in"] = sum(child["items_out"] or 0 for child in children_entries)
-        upstream = sum(
-            child["time_s"] or 0.0 for child in children_entries if child["runs_in"] == runs_in
-        )
+        entry["time_s"] = entry["self_s"] = probe.estimated_s + own
+    if probe is not None and children:
+        entry["items_in"] = sum(child["items_out"] or 0 for child in children)
+        upstream = sum(child["time_s"] or 0.0 for child in children if child["runs_in"] == runs_in)
         time_s = max(entry["time_s"] or 0.0, upstream)  # it includes its sources' pulls
         entry["time_s"], entry["upstream_s"], entry["self_s"] = time_s, upstream, time_s - upstream
-    if inner != runs_in and children_entries:  # a prefetcher: its worker's time pulling
-        entry["worker_busy_s"] = children_entries[0]["time_s"]
+    if children and children[0]["runs_in"] != runs_in:  # a prefetcher: its worker's time pulling
+        entry["worker_busy_s"] = children[0]["time_s"]
     entry["work_s"] = _work(stage, entry)
-    return entry, exact
+    return own
 
 
-def _child_paths(
-    paths: tuple[str, str], sources: list[Any], index: int, replicas: bool
-) -> tuple[str, str]:
-    """The path and pattern of ``sources[index]`` of the stage at `paths`; `replicas`:
-    its sources are copies of one pipeline (written ``sources[*]`` in the pattern)."""
-    path, pattern = paths
-    name = type(sources[index]).__name__
-    if len(sources) == 1:
-        return f"{path}.source > {name}", f"{pattern}.source > {name}"
-    copy = "*" if replicas else str(index)
-    return f"{path}.sources[{index}] > {name}", f"{pattern}.sources[{copy}] > {name}"
+def _sources_run_in(
+    stage: CheckpointableIterator[Any], probe: StageProbe | None, path: str, runs_in: str
+) -> str:
+    """Where the items of the sources of `stage` (at `path`, running in `runs_in`) are
+    pulled: a prefetcher's worker thread or process, else where `stage` runs."""
+    where = stage._source_pulled_in(probe) if isinstance(stage, BackgroundStage) else None
+    return runs_in if probe is None or where is None else f"worker {where} of {path}"
 
 
 def _entry(
     stage: CheckpointableIterator[Any],
     probe: StageProbe | None,
-    path: str,
-    depth: int,
+    place: Place,
     runs_in: str,
     wall: float,
 ) -> StageStats:
     items = None if probe is None else probe.items_out
     time_s = None if probe is None else probe.estimated_s
     entry: StageStats = {
-        "path": path,
-        "pattern": path,
+        "path": place.path,
+        "pattern": place.pattern,
         "stage": type(stage).__name__,
-        "depth": depth,
+        "depth": place.depth,
         "runs_in": runs_in,
         "items_in": None,
         "items_out": items,

@@ -5,6 +5,9 @@ partial, `padder`) and `collate_packed` for collation.
 neither torch nor numpy: torch is imported when `CheckpointableDataset` is first used,
 numpy when `pad_batch` is (``to="numpy"`` works without torch), both when `collate_packed`
 is. Both come with the ``torch`` extra (``pip install 'infinibatch_like[torch]'``).
+
+Modules: `dataset` (`CheckpointableDataset`), `loader_state` (`resize_loader_state`),
+`collate` (`pad_batch`, `padder`), `packed` (`collate_packed`).
 """
 
 from __future__ import annotations

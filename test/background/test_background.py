@@ -75,6 +75,36 @@ def prefetcher(source: Any, mode: str, method: str | None) -> it.PrefetchIterato
     return it.PrefetchIterator(source, 64, mode == "buffered", start_method=method)
 
 
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda source: it.PrefetchIterator(source, buffer_size=2),
+        lambda source: it.ParallelMapIterator(source, str, 2, 2, mode="thread"),
+    ],
+    ids=["prefetch", "parallel_map"],
+)
+def test_a_replay_past_the_end_of_the_source_is_a_mismatch_naming_the_stage(
+    build: Callable[[Any], Any],
+) -> None:
+    """A checkpoint that replays more items than its source holds is refused (on the first
+    item, once the worker has replayed), naming the stage, as a restore that skips past the
+    end of a collection is."""
+    pipeline = build(it.ChunkedSourceIterator([1, 2, 3]))
+    state = {**pipeline.getstate(), "replay": 5}
+    pipeline.close()
+    fresh = build(it.ChunkedSourceIterator([1, 2, 3]))
+    try:
+        fresh.setstate(state)
+        with pytest.raises(
+            StateMismatchError,
+            match=r"at (PrefetchIterator|ParallelMapIterator): the checkpoint skips 5 items of "
+            r"its source after the snapshot, but there are only 3",
+        ):
+            next(fresh)
+    finally:
+        fresh.close()
+
 @pytest.mark.parametrize(("mode", "method"), PREFETCH_MODES)
 def test_prefetch_delivers_every_item_before_an_error_and_resumes_at_it(
     mode: str, method: str | None

@@ -85,8 +85,9 @@ def test_a_stall_is_logged_with_the_stage_and_the_workers_stacks_then_waiting_go
     report = "\n".join(r.getMessage() for r in caplog.records if "Watchdog" in r.getMessage())
     kind = "worker processes [" if mode == "process" else "worker threads"
     assert (
-        "Watchdog: no item reached the consumer for 0.4 s: MapIterator > PrefetchIterator is "
-        "waiting on its source MapIterator > NativeCheckpointableIterator, produced by its "
+        "Watchdog: no item reached the consumer for 0.4 s: MapIterator.source > PrefetchIterator "
+        "is waiting on its source MapIterator.source > NativeCheckpointableIterator, produced by "
+        "its "
         f"{kind}"
     ) in report
     worker = "Worker process " if mode == "process" else 'Thread "infinibatch_like.Prefetch'
@@ -119,8 +120,8 @@ def test_raise_mode_raises_within_the_timeout_naming_the_stage(
     try:
         assert next(watched) == "1"
         start = time.monotonic()
-        with pytest.raises(StallError, match="MapIterator > PrefetchIterator is waiting on its "
-                           "source MapIterator > NativeCheckpointableIterator"):
+        with pytest.raises(StallError, match=r"MapIterator\.source > PrefetchIterator is waiting "
+                           r"on its source MapIterator\.source > NativeCheckpointableIterator"):
             next(watched)
         assert time.monotonic() - start < 0.4 * 1.25 + 2 + 1.5  # check period, stacks, slack
         with pytest.raises(RuntimeError, match="MapIterator stopped after an error "

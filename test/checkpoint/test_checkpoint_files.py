@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _s3 import FaultyProxy
 from conftest import S3Bucket
 
 from infinibatch_like import (
@@ -21,6 +22,7 @@ from infinibatch_like import (
     save_checkpoint,
 )
 from infinibatch_like.checkpoint.files import FORMAT, CheckpointFileError, pipeline_fingerprint
+from infinibatch_like.io import ChunkReadError, RetryPolicy, reset_retry_counts, retry_counts
 from infinibatch_like.iterators import (
     BlockwiseShuffleIterator,
     ChunkedSourceIterator,
@@ -272,6 +274,34 @@ def test_s3_round_trip_keep_and_refusal(s3: S3Bucket) -> None:
         s3.url("run/data-15.json"),
         15,
     )
+
+
+def test_save_and_load_retry_store_faults_by_the_given_policy(
+    s3: S3Bucket, s3_proxy: FaultyProxy
+) -> None:
+    """Uploads, listings, removals (keep=) and reads of checkpoint files are retried after
+    a transient fault, as often as `retry` says."""
+    options = {"endpoint_url": s3_proxy.endpoint}
+    fast = RetryPolicy(tries=3, first_delay=0.01, max_delay=0.05)
+    pattern = s3.url("run/data-{step}.json")
+    state = advanced(7).getstate()
+    reset_retry_counts()
+    save_checkpoint(pattern, {**state, "step": 1}, step=1, storage_options=options, retry=fast)
+    for method, path in [("PUT", "data-2"), ("GET", "list-type"), ("DELETE", "data-1")]:
+        s3_proxy.inject("slow_down", 1, method, path)
+    save_checkpoint(
+        pattern, {**state, "step": 2}, step=2, keep=1, storage_options=options, retry=fast
+    )
+    listed = s3.client.list_objects_v2(Bucket=s3.name, Prefix="run/")
+    assert [item["Key"] for item in listed["Contents"]] == ["run/data-2.json"]
+    s3_proxy.inject("slow_down", 1, "GET", "list-type")
+    s3_proxy.inject("slow_down", 1, "GET", "data-2")
+    assert load_checkpoint(pattern, storage_options=options, retry=fast) == {**state, "step": 2}
+    assert s3_proxy.injected["slow_down"] == 5
+    assert retry_counts() == {"SlowDown": 5}
+    s3_proxy.inject("slow_down", 1, "GET", "data-2")
+    with pytest.raises(ChunkReadError, match=r"run/data-2\.json failed after 1 tries"):
+        load_checkpoint_info(pattern, storage_options=options, retry=RetryPolicy(tries=1))
 
 
 def test_a_gz_name_compresses_the_file(tmp_path: Path) -> None:

@@ -1,23 +1,40 @@
-"""Every public iterator, alone and in chains, passes the checkpoint-contract checker."""
+"""Every public stage (each CheckpointableIterator class or factory of the package root),
+alone and in chains, passes the checkpoint-contract checker; a stage that cannot keep a
+rule names the rule and says why."""
 
 from __future__ import annotations
 
 import inspect
+import multiprocessing
 import random
-from collections.abc import Callable
+import sys
+import tempfile
+import typing
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import infinibatch_like
 import infinibatch_like.iterators as it
-from infinibatch_like import PackingIterator, TokenBudgetMultiplexIterator
+from infinibatch_like import (
+    FilterIterator,
+    PackingIterator,
+    RemoteConsumer,
+    ShardedIterator,
+    TokenBudgetMultiplexIterator,
+    Watchdog,
+    attach,
+    create_source_iterator,
+)
 from infinibatch_like._core.protocol import CheckpointableIterator
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.distributed import EqualLengthIterator
 from infinibatch_like.stages.bad_records import SkipPolicy
 from infinibatch_like.stages.fanout import FanOut, FanOutConsumer
 from infinibatch_like.stages.skipping import SkipIterator
-from infinibatch_like.testing import assert_checkpointable
+from infinibatch_like.testing import ContractViolation, assert_checkpointable
 
 CHUNKS = [[f"c{c}-{i}" for i in range(c % 4 + 1)] for c in range(9)]
 
@@ -123,8 +140,69 @@ def fan_out_consumer(fan: FanOut[Any], index: int) -> FanOutConsumer[Any]:
     return fan.consumer(index)
 
 
-# A fan-out's consumer shares its fan-out with the others: it cannot be pickled alone.
-UNPICKLABLE = {"FanOutConsumer"}
+def is_odd(x: int) -> bool:
+    return x % 2 == 1
+
+
+def shard_items(shard: int, num_shards: int) -> it.NativeCheckpointableIterator[int]:
+    return it.NativeCheckpointableIterator(list(range(shard, 40, num_shards)))
+
+
+def shuffled_shard(shard: int, num_shards: int) -> it.BlockwiseShuffleIterator[int]:
+    source = create_source_iterator(list(range(shard, 9, num_shards)), seed=shard)
+    return it.BlockwiseShuffleIterator(it.SelectManyIterator(source, read_chunk), 4, shard)
+
+
+def serve_fan_outs(requests: Any) -> None:
+    """A fan-out owner process: for each (path, items) received, a fresh fan-out of the
+    numbers 1 .. items served at path, consumer 1 closed and consumer 0 left to attach."""
+    fans = []
+    while (request := requests.recv()) is not None:
+        path, items = request
+        fan = FanOut(it.MapIterator(native(items), add_one), 2, max_lag=3, snapshot_every=4)
+        fan.consumer(1).close()
+        fans.append(fan)
+        requests.send(fan.serve(path))
+
+
+class FanOutOwner:
+    """The owner process that the remote consumers' cases attach to (started before the
+    checker counts the processes that must not outlive a close)."""
+
+    def __init__(self) -> None:
+        self.requests: Any = None
+        self.paths: Iterator[str] = iter(())
+
+    def consumer(self, items: int = 45, prefetch: int = 1) -> RemoteConsumer[Any]:
+        """Consumer 0 of a fresh fan-out of the owner, attached with `attach`."""
+        self.requests.send((next(self.paths), items))
+        return attach(self.requests.recv(), 0, timeout=10, prefetch=prefetch)
+
+    def remote_consumer(self, items: int = 45) -> RemoteConsumer[Any]:
+        """The same, built as the class."""
+        self.requests.send((next(self.paths), items))
+        return RemoteConsumer(self.requests.recv(), 0, timeout=10)
+
+    def running(self) -> Iterator[None]:
+        requests, owner_end = multiprocessing.Pipe()
+        owner = multiprocessing.get_context("fork").Process(
+            target=serve_fan_outs, args=(owner_end,), name="fan-out owner"
+        )
+        with tempfile.TemporaryDirectory() as folder:
+            self.requests = requests
+            self.paths = (str(Path(folder, f"{index}.sock")) for index in range(10**9))
+            owner.start()
+            try:
+                yield
+            finally:
+                requests.send(None)
+                owner.join(10)
+                requests.close()
+
+
+OWNER = FanOutOwner()
+REMOTE = {"RemoteConsumer", "attach"}
+"""The stages whose cases need `OWNER` running."""
 
 
 # Each public iterator class (or factory) -> factories of pipelines exercising it.
@@ -280,6 +358,22 @@ CASES: dict[str, list[Callable[[], CheckpointableIterator[Any]]]] = {
             FanOut(it.MapIterator(native(90), add_one), 3, mode="split", snapshot_every=5), 1
         ),
     ],
+    "RemoteConsumer": [OWNER.remote_consumer],
+    "attach": [lambda: OWNER.consumer(prefetch=4)],
+    "FilterIterator": [
+        lambda: FilterIterator(native(40), is_odd),
+        lambda: FilterIterator(it.SelectManyIterator(native(9), read_chunk), str.isalnum),
+    ],
+    "ShardedIterator": [
+        lambda: ShardedIterator(shard_items, 5, 1, 2),
+        lambda: it.MapIterator(ShardedIterator(shuffled_shard, 4, 0, 1), str.upper),
+    ],
+    "Watchdog": [lambda: Watchdog(it.MapIterator(native(), add_one), timeout_s=60)],
+    "create_source_iterator": [
+        lambda: create_source_iterator(list(range(7)), seed=3, epochs=2),
+        lambda: create_source_iterator(list(range(11)), train=False, shuffle=False,
+                                       num_instances=3, instance_rank=1),
+    ],
     "SkipIterator": [
         lambda: SkipIterator(it.MapIterator(native(40), add_one), skip=[(3, 6), (10, 11)]),
         lambda: SkipIterator(native(12), skip=[(9, 30)]),
@@ -364,6 +458,23 @@ DIFFERENT: dict[str, Callable[[], CheckpointableIterator[Any]]] = {
     "ParallelMapIterator-0": lambda: it.ParallelMapIterator(
         native(31), add_one, 2, 3, snapshot_every=4
     ),
+    "RemoteConsumer-0": lambda: OWNER.remote_consumer(items=46),
+    "FilterIterator-0": lambda: FilterIterator(native(41), is_odd),
+    "FilterIterator-1": lambda: FilterIterator(
+        it.SelectManyIterator(native(8), read_chunk), str.isalnum
+    ),
+    "ShardedIterator-0": lambda: ShardedIterator(shard_items, 6, 1, 2),
+    "ShardedIterator-1": lambda: it.MapIterator(
+        ShardedIterator(shuffled_shard, 3, 0, 1), str.upper
+    ),
+    "Watchdog-0": lambda: Watchdog(it.MapIterator(native(24), add_one), timeout_s=60),
+    "create_source_iterator-0": lambda: create_source_iterator(list(range(7)), seed=4, epochs=2),
+    "create_source_iterator-1": lambda: create_source_iterator(
+        list(range(11)), train=False, shuffle=False, num_instances=3, instance_rank=2
+    ),
+    "EqualLengthIterator-0": lambda: EqualLengthIterator(it.FixedBatchIterator(native(23), 5)),
+    "PackingIterator-0": lambda: it.MapIterator(PackingIterator(documents(), 6), packed_lists),
+    "WindowedIterator-1": lambda: it.WindowedIterator(native(4), 5),
     "FanOutConsumer-1": lambda: fan_out_consumer(
         FanOut(it.MapIterator(native(90), add_one), 3, snapshot_every=5), 1
     ),
@@ -379,23 +490,78 @@ DIFFERENT: dict[str, Callable[[], CheckpointableIterator[Any]]] = {
     ),
 }
 
-def public_iterator_names() -> set[str]:
+# Stage -> the rules its cases cannot keep, each with the reason (reviewed exemptions: a
+# stage says which rule and why; nothing is skipped silently).
+EXEMPT: dict[str, dict[str, str]] = {
+    "FanOutConsumer": {
+        "pickle": "a consumer shares its fan-out with the others: it cannot be pickled alone",
+    },
+    "RemoteConsumer": {
+        "pickle": "a consumer holds its connection to the owner process: it cannot be pickled",
+    },
+    "attach": {
+        "pickle": "a consumer holds its connection to the owner process: it cannot be pickled",
+    },
+    "Watchdog": {
+        "pickle": "a watchdog holds its monitoring thread and lock: pickle the pipeline and "
+        "watch the copy with a Watchdog of its own",
+        "foreign state": "a watchdog is transparent, its state is its pipeline's: a foreign "
+        "state is refused by, and names, the pipeline's outermost stage (MapIterator)",
+    },
+}
+
+
+# Stage -> checker options of its cases, where the defaults cost too much.
+OPTIONS: dict[str, dict[str, Any]] = {
+    # each restore attaches to the owner process over a socket: a few restore points
+    name: {"restore_points": [0, 1, 7, 22, 44, 45]}
+    for name in REMOTE
+}
+
+# Case id -> a bug the case finds, not fixed yet: the case fails (strictly: it must fail)
+# until the bug is fixed.
+KNOWN_BUGS = {
+    "attach-0": "with prefetch > 1, the state taken at the end of the stream counts the "
+    "end of stream that the consumer holds as an item it has not used (taken 44 of 45), "
+    "and a fresh fan-out refuses it (C4)",
+}
+
+
+def returns_a_stage(function: Callable[..., Any]) -> bool:
+    """Whether `function` is annotated to return a CheckpointableIterator (its return
+    annotation's class, looked up in the function's module)."""
+    returned = inspect.signature(function).return_annotation
+    if isinstance(returned, str):  # postponed: "Stage[T]", "CheckpointableIterator[Any]"
+        name = returned.partition("[")[0].rpartition(".")[2]
+        returned = getattr(sys.modules[function.__module__], name, None)
+    returned = typing.get_origin(returned) or returned
+    return inspect.isclass(returned) and issubclass(returned, CheckpointableIterator)
+
+
+def public_stage_names() -> set[str]:
+    """Each CheckpointableIterator class, and each function returning one, exported by the
+    package root (which exports every public name, `iterators`' included)."""
     names = set()
-    for name, value in vars(it).items():
-        if name.startswith("_") or name == "CheckpointableIterator":
+    for name in infinibatch_like.__all__:
+        value = getattr(infinibatch_like, name)
+        if value is CheckpointableIterator:
             continue
         is_class = inspect.isclass(value) and issubclass(value, CheckpointableIterator)
-        returns_one = inspect.isfunction(value) and "Iterator" in str(
-            inspect.signature(value).return_annotation
-        )
-        if is_class or returns_one:
+        if is_class or (inspect.isfunction(value) and returns_a_stage(value)):
             names.add(name)
     return names
 
 
-def test_every_public_iterator_has_a_case() -> None:
-    missing = public_iterator_names() - set(CASES)
-    assert not missing, f"public iterators without a contract case: {sorted(missing)}"
+def test_every_public_stage_has_a_case() -> None:
+    missing = public_stage_names() - set(CASES)
+    assert not missing, f"public stages without a contract case: {sorted(missing)}"
+
+
+def test_the_guard_finds_the_stages_of_every_face() -> None:
+    names = public_stage_names()
+    assert {"ShardedIterator", "Watchdog", "RemoteConsumer", "FilterIterator"} <= names
+    assert {"attach", "create_source_iterator", "chunked_dataset_iterator"} <= names
+    assert {"SkipPolicy", "FanOut", "restore_state", "load_checkpoint"}.isdisjoint(names)
 
 
 def contract_cases() -> list[Any]:
@@ -403,23 +569,40 @@ def contract_cases() -> list[Any]:
     for name, factories in CASES.items():
         for index, factory in enumerate(factories):
             case = f"{name}-{index}"
-            pickles = name not in UNPICKLABLE
-            cases.append(pytest.param(factory, DIFFERENT.get(case), pickles, id=case))
+            bug = KNOWN_BUGS.get(case)
+            marks = [pytest.mark.xfail(raises=ContractViolation, strict=True, reason=bug)]
+            cases.append(
+                pytest.param(
+                    name, factory, DIFFERENT.get(case), id=case, marks=marks if bug else ()
+                )
+            )
     return cases
 
 
-def test_every_different_factory_belongs_to_a_case() -> None:
+def test_every_different_factory_and_exemption_belongs_to_a_case() -> None:
     ids = {f"{name}-{index}" for name, cases in CASES.items() for index in range(len(cases))}
     assert set(DIFFERENT) <= ids
+    assert set(EXEMPT) | set(OPTIONS) <= set(CASES)
+    assert set(KNOWN_BUGS) <= ids
 
 
-@pytest.mark.parametrize(("factory", "different", "pickles"), contract_cases())
+@pytest.fixture(scope="module")
+def fan_out_owner() -> Iterator[None]:
+    yield from OWNER.running()
+
+
+@pytest.mark.parametrize(("name", "factory", "different"), contract_cases())
 def test_contract(
+    name: str,
     factory: Callable[[], CheckpointableIterator[Any]],
     different: Callable[[], CheckpointableIterator[Any]] | None,
-    pickles: bool,
+    request: pytest.FixtureRequest,
 ) -> None:
-    assert_checkpointable(factory, max_items=80, different=different, check_pickle=pickles)
+    if name in REMOTE:
+        request.getfixturevalue("fan_out_owner")
+    exempt = EXEMPT.get(name, {})
+    options = {"max_items": 80, **OPTIONS.get(name, {})}
+    assert_checkpointable(factory, different=different, exempt=exempt, **options)
     if different is not None:  # and the other way round
         assert_checkpointable(different, max_items=20, different=factory, check_damage=False,
-                              check_pickle=False, check_torch=False)
+                              check_torch=False, exempt={**exempt, "pickle": "checked above"})

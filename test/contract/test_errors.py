@@ -100,7 +100,7 @@ def test_foreign_state_names_the_path_to_the_stage() -> None:
 
 
 def test_gathered_state_given_to_setstate_points_to_restore_state() -> None:
-    from infinibatch_like.distributed.ranks import gather_state
+    from infinibatch_like.distributed import gather_state
 
     pipeline = it.MapIterator(native(), str)
     next(pipeline)
@@ -110,7 +110,7 @@ def test_gathered_state_given_to_setstate_points_to_restore_state() -> None:
     assert str(caught.value) == (
         "checkpoint does not fit this pipeline at MapIterator: this is every rank's state "
         "gathered by gather_state(); restore it with "
-        "infinibatch_like.distributed.ranks.restore_state(pipeline, state), which gives each rank "
+        "infinibatch_like.distributed.restore_state(pipeline, state), which gives each rank "
         "its own"
     )
 

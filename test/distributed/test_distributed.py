@@ -29,15 +29,15 @@ from hypothesis import strategies as st
 import infinibatch_like.distributed.ranks as distributed
 import infinibatch_like.iterators as it
 from infinibatch_like import StateMismatchError
+from infinibatch_like._core.protocol import GATHERED_FORMAT
 from infinibatch_like.datasets import chunked_dataset_iterator
-from infinibatch_like.distributed.elastic import elastic_state
-from infinibatch_like.distributed.ranks import (
-    GATHERED_FORMAT,
+from infinibatch_like.distributed import (
     EqualLengthIterator,
     gather_state,
     rank_and_world_size,
     restore_state,
 )
+from infinibatch_like.distributed.elastic import elastic_state
 from infinibatch_like.distributed.sharded import ShardedIterator, owned_shards
 
 REPO = Path(__file__).resolve().parents[2]

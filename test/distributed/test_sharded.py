@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 
 import infinibatch_like.iterators as it
 from infinibatch_like import StateMismatchError
-from infinibatch_like._core.protocol import State
+from infinibatch_like._core.protocol import GATHERED_FORMAT, State
 from infinibatch_like._core.regroup import Pooling
 from infinibatch_like._core.schema import FieldSpec
 from infinibatch_like._core.stage import Stage, fast_iterator, source_state
 from infinibatch_like.datasets import chunked_dataset_iterator
+from infinibatch_like.distributed import restore_state
 from infinibatch_like.distributed.elastic import elastic_state, redistributed_state, why_not_elastic
-from infinibatch_like.distributed.ranks import GATHERED_FORMAT, restore_state
 from infinibatch_like.distributed.sharded import ShardedIterator, owned_shards
 from infinibatch_like.stages.sources import create_source_iterator
 from infinibatch_like.testing import assert_checkpointable
@@ -162,22 +162,30 @@ def test_every_item_is_delivered_once_across_a_change_of_ranks(
 @pytest.mark.parametrize("factory", [endless_factory, mixed_factory, chain_factory])
 def test_endless_shards_continue_the_same_whatever_the_number_of_ranks(factory: Any) -> None:
     shards, per_shard = 6, 12
+    threads_before = set(threading.enumerate())
     reference: dict[int, list[Any]] = defaultdict(list)
-    for item in islice(ShardedIterator(factory, shards, 0, 1), 200):
-        reference[shard_of(item, shards)].append(item)
+    with ShardedIterator(factory, shards, 0, 1) as whole:
+        for item in islice(whole, 200):
+            reference[shard_of(item, shards)].append(item)
     old = [ShardedIterator(factory, shards, rank, 2) for rank in range(2)]
     for rank, pipeline in enumerate(old):
         list(islice(pipeline, 5 + 4 * rank))  # uneven progress per rank
     states = [pipeline.getstate() for pipeline in old]
     start = {shard: count for pipeline in old for shard, count in pipeline.delivered.items()}
+    for pipeline in old:
+        pipeline.close()
     for new in (1, 2, 3, 6):
         seen: dict[int, list[Any]] = defaultdict(list)
         for pipeline in resumed(factory, shards, states, new):
-            for item in islice(pipeline, per_shard * len(pipeline.shards)):
-                seen[shard_of(item, shards)].append(item)
+            with pipeline:
+                for item in islice(pipeline, per_shard * len(pipeline.shards)):
+                    seen[shard_of(item, shards)].append(item)
         for shard in range(shards):
             expected = reference[shard][start[shard] : start[shard] + per_shard]
             assert seen[shard] == expected, (new, shard)
+    # closed, every shard's workers (chain_factory's worker threads) are gone, without
+    # waiting for the garbage collector to break the pipelines' reference cycles
+    assert [t.name for t in set(threading.enumerate()) - threads_before] == []
 
 
 def test_load_per_rank_is_balanced_after_a_change_of_ranks() -> None:
@@ -253,7 +261,7 @@ class Tagged(Stage[tuple[str, Any]]):
         return {"source": source_state(self._source)}
 
     def _restore(self, state: State | None) -> None:
-        self.restore_source(self._source, None if state is None else state["source"], "source")
+        self.restore_source(self._source, None if state is None else state["source"])
         self._iterator = zip(repeat(self._tag), fast_iterator(self._source))
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import glob
 import gzip
+import io
 import json
 import os
 import pickle
@@ -41,6 +42,9 @@ from infinibatch_like.io import (
     readers,
     write_records,
 )
+from infinibatch_like.io._lines import LineSplitter, line_blocks
+from infinibatch_like.io._store import Store
+from infinibatch_like.io.streams import open_stream
 from infinibatch_like.stages.bad_records import SkipPolicy, skip_ledgers
 
 SUFFIXES = ["", ".gz", ".zst", ".bz2", ".xz"]
@@ -181,6 +185,29 @@ def test_read_lines_with_bad_lines_equals_a_line_by_line_reference(
         return int(found[1]), found[2] or "too long"
 
     assert [described(item) for item in got] == expected_lines(data, limit)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    pieces=st.lists(st.sampled_from([b"a", b"\xff", b"\n", b"\r", b"\r\n", b" "]), max_size=40),
+    block=st.integers(1, 9),
+)
+def test_raw_line_splitter_splits_bytes_as_the_text_splitter_splits_text(
+    pieces: list[bytes], block: int
+) -> None:
+    """The chunking tool's splitter (bytes) and the readers' (text) are one: same lines,
+    "\\r\\n" and "\\n" removed, a lone "\\r" kept, blocks cut anywhere."""
+    data = b"".join(pieces)
+    parts = data.split(b"\n")
+    expected = [part.removesuffix(b"\r") for part in parts[:-1]] + [parts[-1]] * bool(parts[-1])
+
+    def lines(splitter: LineSplitter[Any]) -> list[Any]:
+        return [line for lines in line_blocks(io.BytesIO(data), splitter, block) for line in lines]
+
+    assert lines(LineSplitter.raw("c")) == expected
+    assert lines(LineSplitter.text("c", "latin-1", "strict", None)) == [
+        line.decode("latin-1") for line in expected
+    ]
 
 
 def test_read_lines_other_encoding_and_errors(tmp_path: Path) -> None:
@@ -613,12 +640,12 @@ def test_a_line_without_end_is_refused_once_it_passes_the_limit(
     path = write(tmp_path / "blob.bin", b"a\n" + b"b" * 100_000)
     opened: list[Any] = []
 
-    def recording_open_chunk(ref: Any, **kwargs: Any) -> Any:
-        opened.append(open_chunk(ref, **kwargs))
+    def recording_open_stream(ref: str, store: Store) -> Any:
+        opened.append(open_stream(ref, store))
         return opened[-1]
 
     monkeypatch.setattr(readers, "BLOCK_SIZE", 64)
-    monkeypatch.setattr(readers, "open_chunk", recording_open_chunk)
+    monkeypatch.setattr(readers, "open_stream", recording_open_stream)
     lines = read_lines(path, max_line_length=300)
     assert next(lines) == "a"
     with pytest.raises(ChunkFormatError, match=r"blob\.bin, line 2: longer than "

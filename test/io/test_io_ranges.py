@@ -4,6 +4,7 @@ on collection; against moto's server behind a per-request rate cap (test/_thrott
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gc
 import os
@@ -11,7 +12,8 @@ import random
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import BinaryIO, cast
 
 import pytest
 from _s3 import FaultyProxy
@@ -31,6 +33,7 @@ from infinibatch_like.io import (
     retry_counts,
     storage_counts,
 )
+from infinibatch_like.io._cancellable import LoopFetch, RequestCancelled
 from infinibatch_like.io._ranges import THREAD_NAME, RangeReader
 
 FAST = RetryPolicy(tries=4, first_delay=0.01, max_delay=0.05)
@@ -173,15 +176,8 @@ def test_close_and_collection_stop_the_threads_promptly() -> None:
     assert range_threads() == []
 
 
-def test_close_ends_a_retry_backoff_at_once() -> None:
-    def fetch(start: int, end: int) -> bytes:
-        raise ConnectionResetError("reset by peer")
-
-    stream = RangeReader(
-        fetch, "s3://b/k", 1000, range_size=100, in_flight=2,
-        policy=RetryPolicy(tries=5, first_delay=30.0, max_delay=30.0),
-        expired=lambda error: None,
-    )
+def read_in_a_thread(stream: RangeReader) -> tuple[threading.Thread, list[BaseException]]:
+    """A thread reading a byte of `stream`, and the list that gets its ChunkReadError."""
     failures: list[BaseException] = []
 
     def read() -> None:
@@ -192,6 +188,19 @@ def test_close_ends_a_retry_backoff_at_once() -> None:
 
     reading = threading.Thread(target=read)
     reading.start()
+    return reading, failures
+
+
+def test_close_ends_a_retry_backoff_at_once() -> None:
+    def fetch(start: int, end: int) -> bytes:
+        raise ConnectionResetError("reset by peer")
+
+    stream = RangeReader(
+        fetch, "s3://b/k", 1000, range_size=100, in_flight=2,
+        policy=RetryPolicy(tries=5, first_delay=30.0, max_delay=30.0),
+        expired=lambda error: None,
+    )
+    reading, failures = read_in_a_thread(stream)
     time.sleep(0.2)
     started = time.perf_counter()
     stream.close()
@@ -199,6 +208,69 @@ def test_close_ends_a_retry_backoff_at_once() -> None:
     assert range_threads() == []
     reading.join(5.0)
     assert "was given up: its reader was closed" in str(failures[0])
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """An event loop running in a thread (as an fsspec async file system's)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="test-loop", daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5.0)
+    loop.close()
+
+
+@pytest.mark.parametrize("in_flight", [0, 3])
+def test_close_cancels_the_requests_in_flight_and_waits_for_their_cleanup(
+    loop: asyncio.AbstractEventLoop, in_flight: int
+) -> None:
+    started: list[int] = []
+    cleaned: list[int] = []
+
+    async def request(start: int, end: int) -> bytes:
+        started.append(start)
+        try:
+            await asyncio.sleep(60)  # a server that sends nothing for a minute
+            return bytes(end - start)
+        finally:
+            await asyncio.sleep(0.05)  # closing its connection takes a moment
+            cleaned.append(start)
+
+    fetch = LoopFetch(loop, request)
+    stream = RangeReader(
+        fetch, "s3://b/k", 1000, range_size=100, in_flight=in_flight, policy=FAST,
+        expired=lambda error: None, cancel=fetch.cancel,
+    )
+    reading, failures = read_in_a_thread(stream)
+    requests = [0, 100, 200][: max(1, in_flight)]
+    deadline = time.monotonic() + 10
+    while sorted(started) != requests and time.monotonic() < deadline:
+        time.sleep(0.01)
+    started_closing = time.perf_counter()
+    stream.close()
+    assert time.perf_counter() - started_closing < 2.0  # not the minute of the requests
+    assert range_threads() == []
+    reading.join(2.0)
+    assert not reading.is_alive()
+    assert range_threads() == []  # the reader woken by the close started none again
+    assert str(failures[0]) == "reading bytes 0-99 of s3://b/k was given up: its reader was closed"
+    assert sorted(cleaned) == requests  # every request ended its cleanup
+    with pytest.raises(RequestCancelled, match="its reader was closed"):
+        fetch(300, 400)  # and no request starts after
+
+
+def test_a_request_on_a_closed_event_loop_fails_rather_than_wait_forever() -> None:
+    async def request(start: int, end: int) -> bytes:
+        return bytes(end - start)
+
+    stopped = asyncio.new_event_loop()  # no thread runs it; it is closed during the request
+    threading.Timer(0.3, stopped.close).start()
+    with pytest.raises(RuntimeError, match="its event loop was closed during the request"):
+        LoopFetch(stopped, request)(0, 10)
+    with pytest.raises(RuntimeError, match="Event loop is closed"):
+        LoopFetch(stopped, request)(0, 10)
 
 
 def big_text(size: int, seed: int = 0) -> bytes:
@@ -230,6 +302,43 @@ def test_concurrent_ranges_multiply_a_per_request_rate_cap(s3: S3Bucket) -> None
     # 8 requests in flight under the same per-request cap: about 5x here (2.5x: a wide
     # margin for a loaded machine; bench/bench_ranges.py measures it)
     assert timings[0] / timings[8] > 2.5, timings
+
+
+def wait_until(condition: Callable[[], bool], seconds: float) -> bool:
+    """Whether `condition` holds within `seconds` (polled)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.mark.parametrize("end", ["close", "drop"])
+def test_closing_or_dropping_a_stream_cancels_its_requests_in_flight(
+    s3: S3Bucket, end: str
+) -> None:
+    data = big_text(1 << 20, seed=5)
+    url = s3.put("slow.txt", data)
+    fetch = {"ranges_in_flight": 3, "range_size": 1 << 16, "ranges_from_size": 0}
+    with ThrottlingProxy(s3.server.endpoint, rate=None, step=2048) as proxy:
+        options = {"endpoint_url": proxy.endpoint, "infinibatch_like": fetch}
+        stream = open_chunk(url, storage_options=options)
+        assert stream.read(1000) == data[:1000]  # ranges 0-3 fetched at full speed
+        assert wait_until(lambda: proxy.answering() == 0, 10.0)
+        proxy.rate = 8000  # from now on a range takes 8 s
+        assert stream.read(1 << 16) == data[1000 : 1000 + (1 << 16)]  # more are requested
+        assert wait_until(lambda: proxy.answering() > 0, 10.0)
+        started = time.perf_counter()
+        if end == "close":
+            stream.close()
+        else:
+            del stream
+            gc.collect()
+        assert range_threads() == []  # at once, not after the requests in flight
+        assert time.perf_counter() - started < 2.0
+        # their connections are closed: the server's answers stop at their next write
+        assert wait_until(lambda: proxy.answering() == 0, 2.0)
 
 
 def test_storage_counts_requests_and_bytes(s3: S3Bucket) -> None:
@@ -302,15 +411,14 @@ def test_fetch_options_travel_in_a_partial_to_a_reader(s3: S3Bucket) -> None:
     assert storage_counts()["requests"] == -(-len(data) // 50_000)
 
 
-def test_a_stream_read_in_a_forked_child_fails_at_once_rather_than_hang() -> None:
-    stream = reader(FakeStore(bytes(10_000)), 100, 4)
-    assert stream.read(50) == bytes(50)
+def read_in_a_forked_child(stream: BinaryIO, size: int) -> str:
+    """What a forked child's two reads of `size` bytes of `stream` gave: their error."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its copy of the stream has no threads
         try:
-            stream.read(100)
-            stream.read(100)
+            stream.read(size)
+            stream.read(size)
             os.write(write_end, b"read without an error")
         except ChunkReadError as error:
             os.write(write_end, str(error).encode())
@@ -320,9 +428,32 @@ def test_a_stream_read_in_a_forked_child_fails_at_once_rather_than_hang() -> Non
     with os.fdopen(read_end, "rb") as answer:
         message = answer.read().decode()
     os.waitpid(pid, 0)
-    assert message == (
+    return message
+
+
+def test_a_stream_read_in_a_forked_child_fails_at_once_rather_than_hang() -> None:
+    stream = reader(FakeStore(bytes(10_000)), 100, 4)
+    assert stream.read(50) == bytes(50)
+    assert read_in_a_forked_child(cast(BinaryIO, stream), 100) == (
         f"s3://b/object: this stream was opened in process {os.getpid()} and cannot be read "
         "in a forked child; open the chunk again in this process"
     )
     assert stream.read(100) == bytes(50)  # the parent's goes on
+    stream.close()
+
+
+def test_an_s3_stream_read_one_range_at_a_time_in_a_forked_child_fails_at_once(
+    s3: S3Bucket,
+) -> None:
+    data = big_text(1 << 18, seed=6)
+    url = s3.put("forked.txt", data)
+    options = {"default_block_size": 1 << 14, "infinibatch_like": {"ranges_in_flight": 0}}
+    stream = open_chunk(url, storage_options=options, retry=FAST)
+    assert stream.read(100) == data[:100]  # the first block of 16 KiB
+    assert read_in_a_forked_child(stream, 1 << 18) == (
+        f"reading bytes 16384-32767 of {url} failed: RuntimeError: its event loop runs in "
+        f"process {os.getpid()}, not in this forked child: open the object again in this "
+        "process"
+    )
+    assert stream.read() == data[100:]  # the parent's goes on
     stream.close()

@@ -17,7 +17,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infinibatch_like.__main__ import main
-from infinibatch_like.io import read_jsonl, read_lines, read_records, read_webdataset
+from infinibatch_like.io import (
+    ChunkReadError,
+    RetryPolicy,
+    read_jsonl,
+    read_lines,
+    read_records,
+    read_webdataset,
+    reset_retry_counts,
+    retry_counts,
+)
 from infinibatch_like.prepare import (
     ChunkIndexError,
     chunk_corpus,
@@ -38,6 +47,7 @@ from infinibatch_like.prepare.writer import _chunk_payloads, _cut
 from infinibatch_like.stages.bad_records import SkipPolicy
 
 REPO = Path(__file__).resolve().parents[2]
+FAST = RetryPolicy(tries=3, first_delay=0.01, max_delay=0.05)
 
 
 def _write_lines(path: Path, lines: list[str], *, newline_at_end: bool = True) -> Path:
@@ -119,6 +129,42 @@ def test_json_lines_chunk_sizes_count_only_the_records(tmp_path: Path) -> None:
     )  # fmt: skip
     assert [chunk.items for chunk in index.chunks] == [3, 2, 2]
     assert [json.dumps(r) for ref in index.chunk_refs for r in read_jsonl(ref)] == records
+
+
+@pytest.mark.parametrize(
+    ("kind", "reader", "lines"),
+    [
+        ("txt", read_lines, ["first", "", "a \r inside", " spaced ", "last"]),
+        ("jsonl", read_jsonl, ['{"id": 1}', "", ' {"text": "a\\r\\nb"}', "\t", '{"id": 2}']),
+    ],
+)
+def test_crlf_input_gives_the_same_records_through_every_reader_path(
+    tmp_path: Path, kind: str, reader: Any, lines: list[str]
+) -> None:
+    """Lines ending in "\\r\\n" give the records the reader gives for the file itself,
+    whether it is read whole (compressed), in byte ranges, or chunked and read back; the
+    chunks are those of the same lines ending in "\\n" (a line's own lone "\\r" is kept).
+    """
+    crlf = "\r\n".join(lines).encode()
+    plain = tmp_path / f"crlf.{kind}"
+    plain.write_bytes(crlf)
+    packed = tmp_path / f"crlf.{kind}.gz"
+    packed.write_bytes(gzip.compress(crlf))
+    unix = tmp_path / f"lf.{kind}"
+    unix.write_bytes("\n".join(lines).encode())
+    expected = list(reader(str(unix)))
+    assert list(reader(str(plain))) == list(reader(str(packed))) == expected
+    runs = {
+        "ranges": chunk_corpus([str(plain)], str(tmp_path / "ranges"), items_per_chunk=2,
+                               split_bytes=8, workers=1),
+        "whole": chunk_corpus([str(packed)], str(tmp_path / "whole"), items_per_chunk=2,
+                              workers=1),
+        "lf": chunk_corpus([str(unix)], str(tmp_path / "lf"), items_per_chunk=2, workers=1),
+    }  # fmt: skip
+    for name, index in runs.items():
+        assert [item for ref in index.chunk_refs for item in reader(ref)] == expected, name
+        assert all(not found for _, found in verify_chunks(index)), name
+    assert [c.sha256 for c in runs["whole"].chunks] == [c.sha256 for c in runs["lf"].chunks]
 
 
 def test_jsonl_to_zstd_chunks(tmp_path: Path) -> None:
@@ -558,6 +604,42 @@ def test_s3_to_s3_resumes_and_matches_a_local_run(tmp_path: Path, s3: Any) -> No
     assert chunk_corpus([s3.url("raw/part-*")], out, items_per_chunk=3, workers=1) == index
     assert main(["verify", out]) == 0
 
+
+
+def test_chunk_corpus_and_load_index_retry_store_faults_by_the_given_policy(
+    tmp_path: Path, s3: Any, s3_proxy: Any
+) -> None:
+    """Every request of a job (listing, lookup, read, upload) and of `load_index` is
+    retried after a transient fault, as often as `retry` says."""
+    expected = _corpus(tmp_path / "in", sizes=(8,))
+    s3.put("raw/part-0.txt.gz", (tmp_path / "in" / "part-0.txt.gz").read_bytes())
+    options = {"endpoint_url": s3_proxy.endpoint}
+    out = s3.url("chunks")
+    reset_retry_counts()
+    faults = [  # listing, reading, uploading, sizing, indexing, cleaning up
+        ("GET", "list-type"),
+        ("GET", "raw/part-0"),
+        ("PUT", "chunks/chunk-"),
+        ("HEAD", "chunks/chunk-"),
+        ("PUT", "index.json"),
+        ("DELETE", "_pieces"),
+    ]
+    for method, path in faults:
+        s3_proxy.inject("slow_down", 1, method, path)
+    index = chunk_corpus(
+        [s3.url("raw/part-*")], out, items_per_chunk=3, workers=1, storage_options=options,
+        retry=FAST,
+    )
+    assert s3_proxy.injected["slow_down"] == len(faults)
+    assert retry_counts() == {"SlowDown": 5, "503": 1}  # a HEAD answer has no error body
+    s3_proxy.inject("slow_down", 1, "GET", "list-type")
+    s3_proxy.inject("slow_down", 1, "GET", "index.json")
+    assert load_index(out, storage_options=options, retry=FAST) == index
+    assert retry_counts() == {"SlowDown": 7, "503": 1}
+    assert [line for ref in index.chunk_refs for line in read_lines(ref)] == expected
+    s3_proxy.inject("slow_down", 1, "GET", "index.json")
+    with pytest.raises(ChunkReadError, match=r"chunks/index\.json failed after 1 tries"):
+        load_index(out, storage_options=options, retry=RetryPolicy(tries=1))
 
 def test_progress_bar_shows_bytes_items_and_rate(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

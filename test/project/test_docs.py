@@ -50,6 +50,7 @@ RUNNABLE_PAGES = [
     "howto/long-runs.md",
     "howto/elastic.md",
     "howto/bottleneck.md",
+    "howto/write-a-stage.md",
     "concepts.md",
     "migrating.md",
     "distributed.md",
@@ -70,15 +71,16 @@ EXPECTED_PAGES = [
     "api/multiplex.md",
     "api/packing.md",
     "api/windowing-recurrent.md",
+    "api/parallel.md",
     "api/background.md",
     "api/datasets.md",
     "api/prepare.md",
     "api/io.md",
-    "api/checkpoint-files.md",
+    "api/checkpoint.md",
     "api/testing.md",
     "api/distributed.md",
     "api/torch.md",
-    "api/long-runs.md",
+    "api/bad-records.md",
     "api/stats.md",
 ]
 
@@ -90,7 +92,11 @@ API_CONTENT = {
         ("NativeCheckpointableIterator", "re-iterable collection"),
         ("PermutationSourceIterator", "in constant memory"),
     ],
-    "api/flatten-mapping.md": [("SelectManyIterator", "a flat-map"), ("MapIterator", "")],
+    "api/flatten-mapping.md": [
+        ("SelectManyIterator", "a flat-map"),
+        ("MapIterator", ""),
+        ("FilterIterator", "for which predicate(item) is true"),
+    ],
     "api/shuffle.md": [
         ("BlockwiseShuffleIterator", "consecutive blocks"),
         ("BufferedShuffleIterator", "random slot"),
@@ -107,16 +113,18 @@ API_CONTENT = {
     "api/packing.md": [
         ("PackingIterator", "into sequences of exactly"),
         ("PackedSequence", "One packed sequence"),
-        ("explain", "The origins of the item that"),
-        ("traced_chunks", "whose records come as"),
     ],
     "api/windowing-recurrent.md": [("WindowedIterator", ""), ("RecurrentIterator", "")],
-    "api/background.md": [
+    "api/parallel.md": [
         ("PrefetchIterator", "produced ahead by a background worker"),
         ("ParallelMapIterator", "worker processes"),
         ("FanOut", "read once, for several consumers"),
         ("attach", "from any process of this host"),
+    ],
+    "api/background.md": [
         ("WorkerError", ""),
+        ("Watchdog", "reports when the consumer waits too long"),
+        ("start_background", ""),
     ],
     "api/datasets.md": [("chunked_dataset_iterator", "read chunk by chunk"), ("bump_seed", "")],
     "api/prepare.md": [
@@ -142,7 +150,7 @@ API_CONTENT = {
         ("assert_checkpointable", "Check the checkpoint contract"),
         ("check_resume", "interrupted and restored"),
     ],
-    "api/checkpoint-files.md": [
+    "api/checkpoint.md": [
         ("save_checkpoint", "atomically, as JSON"),
         ("load_checkpoint", "Read a state written by"),
         ("CheckpointFileError", ""),
@@ -150,11 +158,15 @@ API_CONTENT = {
         ("LoadedCheckpoint", "The state, file and step that"),
         ("CheckpointNotFoundError", "the first run of a job"),
         ("DamagedCheckpointWarning", "loaded an older"),
+        ("describe_state", ""),
     ],
     "api/stats.md": [
         ("collect", "Every stage's statistics"),
         ("report", "the stage that limits"),
         ("headspace", "when the consumer takes no time"),
+        ("explain", "The origins of the item that"),
+        ("LineageLog", "The training side of lineage"),
+        ("traced_chunks", "whose records come as"),
     ],
     "api/distributed.md": [
         ("rank_and_world_size", "This process's rank"),
@@ -167,12 +179,11 @@ API_CONTENT = {
         ("pad_batch", ""),
         ("collate_packed", "Stack packed sequences"),
     ],
-    "api/long-runs.md": [
+    "api/bad-records.md": [
         ("SkipPolicy", "whose reading or transform raises"),
         ("skip_ledgers", "The ledgers of every stage"),
         ("ParsedRecords", "goes on with the next record"),
         ("SkipIterator", "leaving out the items at chosen positions"),
-        ("Watchdog", "reports when the consumer waits too long"),
     ],
 }
 

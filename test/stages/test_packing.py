@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 
 import infinibatch_like.iterators as it
 from infinibatch_like import PackingIterator, StateMismatchError
+from infinibatch_like._core.protocol import GATHERED_FORMAT
+from infinibatch_like.distributed import restore_state
 from infinibatch_like.distributed.elastic import elastic_state
-from infinibatch_like.distributed.ranks import GATHERED_FORMAT, restore_state
 from infinibatch_like.distributed.sharded import ShardedIterator
 from infinibatch_like.testing import assert_checkpointable, check_resume
 

@@ -106,8 +106,8 @@ def test_map_skips_exactly_the_failing_items_and_restores_the_same(
     assert taken + rest == expected
     assert (error_again is None) == (error is None)
     if error is None:
-        assert again.skipped.records == len([x for x in bad if x < n])
-        assert len(again.skipped.last) == min(policy.keep_last, again.skipped.records)
+        assert again.skip_ledger.records == len([x for x in bad if x < n])
+        assert len(again.skip_ledger.last) == min(policy.keep_last, again.skip_ledger.records)
         assert again.getstate() == roundtrip(drain_state(build()))
 
 
@@ -120,7 +120,7 @@ def test_ledger_entries_name_stage_position_error_and_message() -> None:
     pipeline = it.MapIterator(it.NativeCheckpointableIterator(list(range(10))), Parse({2, 7}),
                               on_error=SkipPolicy(max_skips=1, per_items=5, keep_last=8))
     assert list(pipeline) == [x * 10 for x in range(10) if x not in (2, 7)]
-    ledger = pipeline.skipped
+    ledger = pipeline.skip_ledger
     assert (ledger.stage, ledger.records, ledger.chunks) == ("MapIterator", 2, 0)
     assert ledger.last == [
         {"in_stage": "MapIterator", "kind": "item", "chunk": None, "position": 2,
@@ -156,14 +156,27 @@ def test_budget_exceeded_names_stage_budget_and_last_errors_and_restores_to_rais
         next(again)
 
 
+def test_skipped_is_a_deprecated_name_of_the_skip_ledger() -> None:
+    """``stage.skipped`` (a ledger here, a count on `SkipIterator`) still answers, with a
+    DeprecationWarning naming `skip_ledger`."""
+    pipeline = it.MapIterator(it.NativeCheckpointableIterator([1, 2, 3]), Parse({2}),
+                              on_error="skip")  # fmt: skip
+    assert list(pipeline) == [10, 30]
+    with pytest.warns(DeprecationWarning, match=r"MapIterator\.skipped is deprecated; use "
+                      r"\.skip_ledger"):  # fmt: skip
+        ledger = pipeline.skipped
+    assert ledger == pipeline.skip_ledger
+    assert ledger.records == 1
+
+
 def test_default_raise_is_unchanged_and_bad_on_error_values_are_refused() -> None:
     plain = it.MapIterator(it.NativeCheckpointableIterator([1, 2]), Parse({2}))
     assert next(plain) == 10
     assert "skips" not in plain.getstate()
     with pytest.raises(ValueError, match="bad item 2"):
         next(plain)
-    assert plain.skipped.records == 0
-    assert plain.skipped.last == []
+    assert plain.skip_ledger.records == 0
+    assert plain.skip_ledger.last == []
     with pytest.raises(TypeError, match=r"MapIterator: on_error must be 'raise', 'skip' \(that "
                        r"is SkipPolicy\(max_skips=10, per_items=10000, keep_last=32\)\) or a "
                        r"SkipPolicy, got 'ignore'"):
@@ -202,7 +215,7 @@ def test_on_error_may_change_at_a_restart_and_damaged_ledgers_are_refused() -> N
                               on_error=SkipPolicy(1))
     skipping.setstate(state)
     assert list(skipping) == [x * 10 for x in range(3, 20) if x != 5]
-    assert skipping.skipped.last[0]["position"] == 2  # counted from the restore point
+    assert skipping.skip_ledger.last[0]["position"] == 2  # counted from the restore point
     damaged = skipping.getstate()
     damaged["skips"]["last"][0]["position"] = "two"
     with pytest.raises(StateMismatchError, match=r"MapIterator: state field "
@@ -271,7 +284,7 @@ def test_chunk_reader_skips_bad_records_and_unreadable_chunks_the_same_after_res
 
     pipeline = build()
     assert list(pipeline) == [1, 2, 4, 5, 6, 8]
-    ledger = pipeline.skipped
+    ledger = pipeline.skip_ledger
     assert (ledger.records, ledger.chunks) == (2, 2)
     assert ledger.per_chunk == {"'a.jsonl'": 1, "'missing.jsonl'": 1, "'c.jsonl'": 1,
                                 "'d.jsonl'": 1}
@@ -293,7 +306,7 @@ def test_chunk_reader_skips_bad_records_and_unreadable_chunks_the_same_after_res
     # A generator reader ends at its first error: the rest of that chunk is not read.
     generated = build(read_with_generator, SkipPolicy(4, 8))
     assert list(generated) == [1, 2, 5, 6]
-    assert [(e["kind"], e["chunk"]) for e in generated.skipped.last] == [
+    assert [(e["kind"], e["chunk"]) for e in generated.skip_ledger.last] == [
         ("record", "'a.jsonl'"), ("chunk", "'missing.jsonl'"), ("chunk", "'c.jsonl'"),
         ("chunk", "'d.jsonl'"),
     ]
@@ -353,7 +366,10 @@ def test_chunked_dataset_iterator_passes_on_error_down_through_a_worker_process(
         later = [next(pipeline) for _ in range(12)]
     assert set(items) <= {1, 2, 4, 5, 6, 8}
     ledgers = skip_ledgers(state)
-    reader = "MapIterator > PrefetchIterator > BlockwiseShuffleIterator > SelectManyIterator"
+    reader = (
+        "MapIterator.source > PrefetchIterator.source > BlockwiseShuffleIterator.source > "
+        "SelectManyIterator"
+    )
     assert list(ledgers) == ["MapIterator", reader]
     assert ledgers[reader].records == 0  # the bad lines fail in the transform
     assert ledgers["MapIterator"].last[0]["error"] == "JSONDecodeError"
@@ -379,10 +395,10 @@ def test_parallel_map_skips_what_map_skips_also_for_worker_errors(mode: str) -> 
 
     with build("spawn") as pipeline:  # the transform is wrapped, pickled, sent
         assert list(pipeline) == expected
-        assert pipeline.skipped.last == [
-            {**entry, "in_stage": "ParallelMapIterator"} for entry in reference.skipped.last
+        assert pipeline.skip_ledger.last == [
+            {**entry, "in_stage": "ParallelMapIterator"} for entry in reference.skip_ledger.last
         ]
-        assert pipeline.skipped.records == 4
+        assert pipeline.skip_ledger.records == 4
     with build() as first:
         taken = [next(first) for _ in range(13)]
         state = roundtrip(first.getstate())
@@ -432,7 +448,7 @@ def test_ranks_still_yield_equal_batch_counts_when_one_rank_skips(
             Parse({rank * 100 + x for x in bad[rank]}), on_error=SkipPolicy(3, 12),
         )
         batches = EqualLengthIterator(it.FixedBatchIterator(records, 4), group=rank)  # type: ignore[arg-type]
-        results[rank] = (list(batches), batches.counts, records.skipped.records)
+        results[rank] = (list(batches), batches.counts, records.skip_ledger.records)
 
     threads = [threading.Thread(target=run, args=(rank,)) for rank in (0, 1)]
     for thread in threads:
@@ -458,10 +474,10 @@ def test_parsed_records_let_the_reader_skip_one_bad_line_and_name_it() -> None:
     pipeline = it.SelectManyIterator(it.NativeCheckpointableIterator(list(chunks)), read,
                                      on_error=SkipPolicy(3, 6))
     assert list(pipeline) == [1, 3, 4]
-    assert [(e["chunk"], e["position"], e["error"]) for e in pipeline.skipped.last] == [
+    assert [(e["chunk"], e["position"], e["error"]) for e in pipeline.skip_ledger.last] == [
         ("'p0'", 1, "JSONDecodeError"), ("'p1'", 1, "JSONDecodeError"), ("'p1'", 2, "KeyError"),
     ]
-    assert pipeline.skipped.per_chunk == {"'p0'": 1, "'p1'": 2}
+    assert pipeline.skip_ledger.per_chunk == {"'p0'": 1, "'p1'": 2}
 
 
 def test_chunked_dataset_iterator_names_itself_for_a_bad_on_error() -> None:
@@ -476,7 +492,7 @@ def test_on_error_skip_is_the_default_policy_of_ten_in_ten_thousand() -> None:
     pipeline = it.MapIterator(it.NativeCheckpointableIterator(range(30_000)), Parse(bad),
                               on_error="skip")
     assert list(pipeline) == [x * 10 for x in range(30_000) if x not in bad]
-    assert pipeline.skipped.records == len(bad)
+    assert pipeline.skip_ledger.records == len(bad)
     too_many = it.MapIterator(it.NativeCheckpointableIterator(range(30_000)),
                               Parse(set(range(100, 111))), on_error="skip")
     out, error = drain(too_many)

@@ -13,6 +13,8 @@ import infinibatch_like.iterators as it
 from infinibatch_like import PackingIterator, TokenBudgetMultiplexIterator
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.stats.lineage import (
+    UNKNOWN,
+    LineageLog,
     TokenOrigin,
     explain,
     of_value,
@@ -192,3 +194,103 @@ def test_origins_go_through_bucketing_and_a_json_restore() -> None:
         for origin, tokens in batch:
             chunk, record = origin_parts(origin)
             assert tokens == tokenize(CHUNKS[REFS[chunk]][record])
+
+
+def shuffled_pipeline(traced: bool, background: bool = False) -> Any:
+    """Records -> buffered shuffle -> tokenize -> bucketed batches by length -> documents
+    -> best-fit packing (behind a worker process if `background`) -> batches of 2
+    sequences; plain or its traced twin."""
+    reader: Any = traced_chunks(read_chunk, REFS) if traced else read_chunk
+    records = chunked_dataset_iterator(REFS, reader, buffer_size=9, seed=3, shuffle=False)
+    shuffled = it.BufferedShuffleIterator(records, 12, seed=5)
+    tokens = it.MapIterator(shuffled, on_value(tokenize) if traced else tokenize)
+    length: Any = of_value(len) if traced else len
+    buckets = it.BucketedReadaheadBatchIterator(tokens, 10, key=length, batch_size=3, seed=6)
+    documents = it.SelectManyIterator(buckets)
+    packed: it.CheckpointableIterator[Any] = PackingIterator(
+        documents, 16, strategy="best_fit", window=3, bos_id=BOS, eos_id=EOS, traced=traced
+    )
+    if background:
+        packed = it.PrefetchIterator(packed, 4, snapshot_every=5)
+    return it.MapIterator(it.FixedBatchIterator(packed, 2), collate_packed)
+
+
+def check_step(origins: list[TokenOrigin], batch: Any) -> None:
+    """The ranges cover every real token; those of known origin hold its tokens."""
+    assert sum(origin.end - origin.start for origin in origins) == int(batch.loss_mask.sum())
+    for origin in origins:
+        if origin.chunk == UNKNOWN:
+            continue
+        document = [BOS, *tokenize(CHUNKS[origin.chunk_ref][origin.record]), EOS]
+        tokens = batch.tokens[origin.sequence, origin.start : origin.end].tolist()
+        assert tokens == document[origin.offset : origin.offset + origin.end - origin.start]
+
+
+def test_a_log_of_a_plain_run_explains_steps_through_a_buffered_shuffle() -> None:
+    """The shuffle's buffer, in the snapshots, holds plain records: their origins come
+    from an earlier snapshot's replay."""
+    training, log = shuffled_pipeline(traced=False), LineageLog(every=4)
+    log.after_step(-1, training)
+    batches = []
+    for step, batch in zip(range(30), training, strict=False):
+        batches.append(batch)
+        log.after_step(step, training)
+    assert [at for at, _ in log.snapshots] == [0, 4, 8, 12, 16, 20, 24, 28]
+    saved = LineageLog.from_snapshots(json.loads(json.dumps(log.snapshots)), every=4)
+    twin = shuffled_pipeline(traced=True)
+    held = 0
+    for step in (3, 13, 22, 29):
+        at, state = log.snapshots[step // 4]
+        from_latest = explain(twin, state, step - at, REFS)
+        held += any(origin.chunk == UNKNOWN for origin in from_latest)
+        explained = saved.explain(twin, step, REFS)
+        assert all(origin.chunk != UNKNOWN for origin in explained)
+        check_step(explained, batches[step])
+    assert held >= 2  # records from the buffer: the log went back further
+
+
+def test_explain_names_the_ranges_of_records_held_in_the_checkpoint_as_unknown() -> None:
+    training = shuffled_pipeline(traced=False)
+    for _ in range(10):
+        next(training)
+    state = json.loads(json.dumps(training.getstate()))
+    step_11 = [next(training), next(training)][1]
+    explained = explain(shuffled_pipeline(traced=True), state, 1, REFS)
+    held = [origin for origin in explained if origin.chunk == UNKNOWN]
+    assert held
+    assert all(origin.record == UNKNOWN for origin in held)
+    assert str(held[0]).endswith(f"a record held in the checkpoint, from token {held[0].offset}")
+    check_step(explained, step_11)
+
+
+def test_a_log_kept_across_a_restore_explains_steps_on_both_sides_behind_a_worker() -> None:
+    first, log = shuffled_pipeline(traced=False, background=True), LineageLog(every=5)
+    log.after_step(-1, first)
+    batches = []
+    for step in range(12):
+        batches.append(next(first))
+        log.after_step(step, first)
+    checkpoint = json.loads(json.dumps({"data": first.getstate(), "lineage": log.snapshots}))
+    first.close()  # a crash after step 11; the run resumes from the checkpoint
+    resumed = shuffled_pipeline(traced=False, background=True)
+    resumed.setstate(checkpoint["data"])
+    log = LineageLog.from_snapshots(checkpoint["lineage"], every=5)
+    for step in range(12, 24):
+        batches.append(next(resumed))
+        log.after_step(step, resumed)
+    resumed.close()
+    assert [at for at, _ in log.snapshots] == [0, 5, 10, 15, 20]
+    with shuffled_pipeline(traced=True, background=True) as twin:
+        for step in (4, 11, 17, 23):
+            explained = log.explain(twin, step, REFS)
+            assert all(origin.chunk != UNKNOWN for origin in explained)
+            check_step(explained, batches[step])
+
+
+def test_lineage_log_arguments_and_saved_snapshots_are_checked() -> None:
+    with pytest.raises(ValueError, match="LineageLog: every must be"):
+        LineageLog(every=0)
+    with pytest.raises(ValueError, match=r"from_snapshots: expected \[step, state\] pairs"):
+        LineageLog.from_snapshots([{"step": 3}])
+    with pytest.raises(ValueError, match=r"LineageLog\.explain: step must be >= 0"):
+        LineageLog().explain(traced_pipeline(), -1)

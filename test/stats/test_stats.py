@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import infinibatch_like.iterators as it
 from infinibatch_like import stats
-from infinibatch_like._core.probe import walk
+from infinibatch_like._core.graph import stages, walk
 from infinibatch_like._core.stage import Stage
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.io import read_lines
@@ -136,7 +136,7 @@ def test_training_loop_bound_pipeline_is_called_so() -> None:
 
 
 def iterator_types(pipeline: it.CheckpointableIterator[Any]) -> list[str]:
-    return [type(stage._iterator).__name__ for stage in walk(pipeline) if isinstance(stage, Stage)]
+    return [type(s._iterator).__name__ for s in stages(pipeline) if isinstance(s, Stage)]
 
 
 def mixed_pipeline() -> it.CheckpointableIterator[Any]:
@@ -151,14 +151,14 @@ def test_off_runs_the_stages_own_iterators_without_wrappers() -> None:
     with mixed_pipeline() as pipeline:
         plain = iterator_types(pipeline)
         assert "chain" not in plain
-        assert all(stage._probe is None for stage in walk(pipeline) if isinstance(stage, Stage))
+        assert all(stage._probe is None for stage in stages(pipeline) if isinstance(stage, Stage))
         next(pipeline)
         stats.enable(pipeline)
         assert set(iterator_types(pipeline)) == {"chain"}
         next(pipeline)
         stats.disable(pipeline)
         assert iterator_types(pipeline) == plain
-        assert all(stage._probe is None for stage in walk(pipeline) if isinstance(stage, Stage))
+        assert all(stage._probe is None for stage in stages(pipeline) if isinstance(stage, Stage))
         with pytest.raises(ValueError, match=r"stats.collect: statistics are off .*enable"):
             stats.collect(pipeline)
 
@@ -245,10 +245,10 @@ def test_counters_add_up_over_random_chains(
         consumed += 1
     entries = stats.collect(pipeline)
     assert entries[0]["items_out"] == consumed
-    stages = list(walk(pipeline))
-    assert [type(stage).__name__ for stage in stages] == [entry["stage"] for entry in entries]
+    upstream = [place.stage for place in walk(pipeline)]
+    assert [type(stage).__name__ for stage in upstream] == [entry["stage"] for entry in entries]
     checked = 0
-    for index, stage in enumerate(stages):
+    for index, stage in enumerate(upstream):
         counter = getattr(stage, "_transform", None)
         if isinstance(counter, Counter):
             below = entries[index + 1]  # the counted stage: the map's only source
@@ -803,8 +803,8 @@ def test_a_collective_wait_is_reported_as_waiting_for_the_slow_rank(
 ) -> None:
     from _ranks import Member, ThreadGroup, run_ranks
 
+    from infinibatch_like.distributed import EqualLengthIterator
     from infinibatch_like.distributed import ranks as distributed
-    from infinibatch_like.distributed.equal_length import EqualLengthIterator
 
     monkeypatch.setattr(
         distributed, "all_reduce_max", lambda flags, m: m.group.reduce(m.rank, flags)
