@@ -4,6 +4,8 @@ machinery a stage needs.
 - `protocol`: `CheckpointableIterator`, `SkippableIterator`, `StateMismatchError`, `State`.
 - `stage`: `Stage`, the base of every stage of the library (states, restores, close), and
   the restore observers (statistics and the marking of consumers subscribe).
+- `schema`: the state fields a stage declares, with validators, and their one check.
+- `regroup`: what elastic restore gives the stages that regroup their states themselves.
 - `graph`: the one walk over a pipeline's stages, the one path format, stages' reprs.
 - `arguments`: a stage's stream-deciding arguments (fingerprint, checks, labels).
 - `pickling`: a stage pickles as its constructor call and its state.

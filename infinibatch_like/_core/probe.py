@@ -229,6 +229,9 @@ class Gauges(NamedTuple):
     """Its workers (threads or processes) that work concurrently."""
     busy_s: float = 0.0
     """Its workers' busy time on work in progress, not yet in its probe's counters."""
+    unit: str = "items"
+    """What its workers take up and `in_flight` counts: ``"items"``, or ``"chunks"`` for
+    a chunk read-ahead (its workers are readers)."""
 
 
 def gauges_of(stage: object) -> Gauges | None:

@@ -27,6 +27,7 @@ from collections.abc import MutableSequence
 from typing import Any
 
 from .protocol import State
+from .schema import FieldSpec, Int
 from .stage import Stage
 
 _c_random = random.Random.random
@@ -44,7 +45,7 @@ _PACKED_LENGTH = 4 * -(-_PACKED.size // 3)  # base64 characters
 Mark = tuple[int, tuple[int, ...] | None]
 """A generator position: the words drawn, and its internal state when beyond the limit."""
 
-MARK_FIELDS: dict[str, type | tuple[type, ...]] = {"draws": int, "generator": (str, type(None))}
+MARK_FIELDS: dict[str, FieldSpec] = {"draws": Int(0), "generator": (str, type(None))}
 """The state fields that `mark_fields` writes, for a stage's ``_state_fields``."""
 
 Seed = int | str
@@ -161,8 +162,6 @@ def read_mark(stage: Stage[Any], draws: int, generator: str | None, field: str =
 
     `field` names the count of words in messages (a stage may derive it from another).
     """
-    if draws < 0:
-        raise stage.mismatch(f"{field} must be >= 0, got {draws}")
     if generator is None:
         if draws > REDRAW_LIMIT:
             raise stage.mismatch(

@@ -10,7 +10,7 @@ States are computed on demand from what each stage tracks, never pickled.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
 from .arguments import StreamArguments
@@ -24,6 +24,8 @@ from .protocol import (
     State,
     StateMismatchError,
 )
+from .regroup import NOT_ELASTIC, Regroup
+from .schema import FieldSpec, SchemaError, check_fields
 
 if TYPE_CHECKING:
     from .probe import StageProbe
@@ -73,8 +75,9 @@ class _Halted(Iterator[Any]):
 class Stage(Node, StreamArguments, Rebuildable[T]):
     """Base class of this library's stages: states, restores, failure and close.
 
-    A subclass sets ``_sources`` (its upstream iterators), ``_state_fields`` (the keys of
-    its state besides ``"stage"`` and the type each value must have) and implements
+    A subclass sets ``_sources`` (its upstream iterators), ``_state_fields`` (the fields of
+    its state besides ``"stage"``, each with the type or validator its value must fit: see
+    `infinibatch_like._core.schema`, which checks a state in one pass) and implements
     ``_state()`` and ``_restore(state | None)``. ``_restore`` puts the upstream chain into
     place (through `restore_source`) and rebuilds ``_iterator``. A stage records its
     sources' positions with `source_state` (no copy) and, if some of its arguments decide
@@ -88,6 +91,12 @@ class Stage(Node, StreamArguments, Rebuildable[T]):
     last, as every stage does. A function that builds stages from its own arguments
     (``chunked_dataset_iterator``'s `buffer_size` becomes a shuffle's `block_size`) names
     them with `label_arguments`, so that a refused state names the argument the user passed.
+
+    Features ask stages for capabilities that the stage classes declare, never for
+    class names or private fields: ``_state_fields`` (validated by `_core.schema`),
+    ``_source_field`` (where a wrapper's state holds its source's), ``_not_elastic`` and
+    ``_regrouped`` (restores on another number of ranks), ``_replica_sources``
+    (statistics add up copies of one pipeline).
 
     The base class gives every stage the contract's guarantees: states in and out are
     snapshots (`getstate` copies the state once, at the stage it is called on, and
@@ -109,7 +118,7 @@ class Stage(Node, StreamArguments, Rebuildable[T]):
         written by version 0.1.0, is accepted unchecked).
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {}
+    _state_fields: ClassVar[Mapping[str, FieldSpec]] = {}
     _iterator: Iterator[T]
     _closed: bool = False
     _closed_state: State | None = None
@@ -123,6 +132,14 @@ class Stage(Node, StreamArguments, Rebuildable[T]):
     """Whether an error in a user callable consumes the item it was called on."""
     _lost_input: str | None = None
     """Why the position is undefined after such an error (None: it is defined)."""
+    _source_field: ClassVar[str | None] = None
+    """For a stage whose state holds its one source's state in a field: that field
+    (``"source"``). Features find the states within a state through it."""
+    _not_elastic: ClassVar[str | None] = NOT_ELASTIC
+    """Why this stage cannot sit above the `ShardedIterator` of a pipeline restored on
+    another number of ranks (the refusal shows it), or None if it can: with a
+    `_source_field`, its own fields are then the same on every rank (or adjusted by
+    `_regrouped`)."""
 
     # -- iteration ---------------------------------------------------------------------
 
@@ -212,28 +229,26 @@ class Stage(Node, StreamArguments, Rebuildable[T]):
             )
         if stage != self._name:
             raise self.mismatch(f"expected a state of {self._name}, got one of {stage!r}")
-        missing = sorted(set(self._state_fields) - set(checkpoint))
-        if missing:
-            raise self.mismatch(f"the state lacks the fields {missing}")
-        for key, kind in self._state_fields.items():
-            value = checkpoint[key]
-            kinds = kind if isinstance(kind, tuple) else (kind,)
-            if not isinstance(value, kinds) or (
-                type(value) is bool and bool not in kinds and object not in kinds
-            ):
-                names = " or ".join(getattr(option, "__name__", str(option)) for option in kinds)
-                raise self.mismatch(
-                    f"state field {key!r} has type {type(value).__name__}, expected {names}"
-                )
-        known = {"stage", *self._state_fields}
+        fields = self._state_schema()
+        known = {"stage", *fields}
         fingerprint = self._fingerprint
         if fingerprint and "fingerprint" in checkpoint:  # states of 0.1.0 have none
+            # first: other arguments explain fields that do not fit (one per consumer)
             self._check_fingerprint(checkpoint["fingerprint"], fingerprint)
             checkpoint["fingerprint"] = fingerprint
             known.add("fingerprint")
+        try:
+            check_fields(fields, checkpoint, self)
+        except SchemaError as error:
+            raise self.mismatch(str(error)) from None
         for extra in [key for key in checkpoint if key not in known]:
             del checkpoint[extra]
         return checkpoint
+
+    def _state_schema(self) -> Mapping[str, FieldSpec]:
+        """The fields of this stage's state, with their validators (`_core.schema`):
+        ``_state_fields``, plus those that only some instances write (a skip ledger)."""
+        return self._state_fields
 
     def restore_source(self, source: Iterator[Any], state: State | None) -> None:
         """Set `source` (one of this stage's sources) to `state`; a mismatch error names
@@ -260,6 +275,22 @@ class Stage(Node, StreamArguments, Rebuildable[T]):
                 raise self.mismatch(f"{where}[{index}] must be a dict, got {state!r}")
         for index, source in enumerate(sources):
             self.restore_source(source, None if states is None else states[index])
+
+    def _state_around(self, source: State) -> State:
+        """This stage's state with its source (in `_source_field`) at `source` and
+        nothing of it held or replayed here, for a wrapper stage that can give one (a
+        background stage); a TypeError for others."""
+        raise TypeError(f"{self._name} cannot give a state around its source's")
+
+    @classmethod
+    def _regrouped(cls, states: list[Any], regroup: Regroup) -> State:
+        """This stage's state on a new number of ranks, from the states its old ranks
+        saved (elastic restore, see `infinibatch_like._core.regroup`): by default, refused
+        with `_not_elastic`, or, for a stage that declares itself elastic around its
+        `_source_field`, this rank's old fields around the regrouped sources."""
+        if cls._not_elastic is not None or cls._source_field is None:
+            raise regroup.pooling.refuse(cls.__name__, cls._not_elastic or NOT_ELASTIC)
+        return regroup.around(cls.__name__, cls._source_field, states)
 
     @abstractmethod
     def _state(self) -> State: ...

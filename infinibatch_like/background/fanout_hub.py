@@ -291,25 +291,10 @@ class Hub:
         self.failure = None
         self.pulling = False
 
-    def _checked_positions(self, state: State) -> tuple[int, list[int], list[bool]]:
-        index, taken, closed = state["source_index"], state["taken"], state["closed"]
-        n = self.consumers
-        if len(taken) != n or len(closed) != n:
-            raise mismatch(
-                f"the state has {len(taken)} positions and {len(closed)} closed flags, "
-                f"this fan-out has {n} consumers"
-            )
-        for what, values, kind in (("taken", taken, int), ("closed", closed, bool)):
-            for i, value in enumerate(values):
-                if type(value) is not kind:
-                    raise mismatch(
-                        f"state field {what}[{i}] must be a {kind.__name__}, got {value!r}"
-                    )
-        if index < 0 or any(count < 0 for count in taken):
-            raise mismatch(
-                f"the state's counts must be >= 0, got source_index={index}, taken={taken}"
-            )
-        return index, list(taken), list(closed)
+    @staticmethod
+    def _positions(state: State) -> tuple[int, list[int], list[bool]]:
+        """A state's positions (checked by the consumer's schema, `stages.fanout`)."""
+        return state["source_index"], list(state["taken"]), list(state["closed"])
 
     def _check_replay(self, index: int, taken: list[int], closed: list[bool]) -> None:
         """Refuse positions before the snapshot, or a replay longer than any state holds."""
@@ -343,7 +328,7 @@ class Hub:
                 self.taken = [0] * self.consumers
                 self.closed = [False] * self.consumers
             else:
-                index, taken, closed = self._checked_positions(state)
+                index, taken, closed = self._positions(state)
                 self._check_replay(index, taken, closed)
                 self._reset(state["source"], index)
                 self.taken, self.closed = taken, closed
@@ -362,7 +347,7 @@ class Hub:
             if state is None:
                 index, own, snapshot = 0, 0, None
             else:
-                index, taken, _ = self._checked_positions(state)
+                index, taken, _ = self._positions(state)
                 own, snapshot = taken[consumer], state["source"]
             positions = list(self.taken)
             positions[consumer] = own

@@ -131,4 +131,4 @@ class ReadAhead:
             reads.append(current)
         in_flight = sum(read.reading() for read in reads)
         busy = sum(read.busy_s(now) for read in reads)
-        return Gauges(ready / self._capacity, in_flight, self._capacity + 1, busy)
+        return Gauges(ready / self._capacity, in_flight, self._capacity + 1, busy, "chunks")

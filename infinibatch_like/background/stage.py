@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from .._core.graph import Place, walk
 from .._core.probe import Gauges
 from .._core.protocol import CheckpointableIterator, State
+from .._core.schema import FieldSpec, Int
 from .._core.stage import Stage, source_state
 from .cursor import ReplayCursor
 
@@ -31,6 +32,11 @@ class Runner(ABC):
 
     sources_in_worker_process = False
     """Whether the source is read in a worker process (with its own copy of the source)."""
+
+    pulls_source_in = "thread"
+    """Where the source's items are pulled: ``"thread"`` or ``"process"`` (a worker of
+    the stage), or ``"consumer"`` (the thread that pulls the stage's own items, which
+    hands them to its workers)."""
 
     def reset(self, cursor: ReplayCursor) -> None:
         """Continue from `cursor` (the workers are stopped)."""
@@ -79,8 +85,18 @@ class BackgroundStage(Stage[T], Generic[T]):
         `snapshot_every`; a state with more is refused).
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"source": dict, "replay": int}
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {
+        "source": dict,
+        "replay": Int(
+            0,
+            lambda stage: stage._runner.snapshot_every,
+            name="snapshot_every",
+            hint="if the state came from a stage built with a larger snapshot_every, build this "
+            "one with it too",
+        ),
+    }
     _runner: Runner
+    _source_field = "source"
 
     def _init_background(self, source: CheckpointableIterator[Any], runner: Runner) -> None:
         """Read `source` through `runner` (fields only: see `Stage`)."""
@@ -102,15 +118,20 @@ class BackgroundStage(Stage[T], Generic[T]):
         if state is None:
             runner.reset(ReplayCursor(source_state(self._source), 0))
         else:
-            replay, every = state["replay"], runner.snapshot_every
-            if not 0 <= replay <= every:
-                raise self.mismatch(
-                    f"state field 'replay' must be between 0 and snapshot_every={every}, got "
-                    f"{replay}; if the state came from a stage built with a larger "
-                    "snapshot_every, build this one with it too"
-                )
-            runner.reset(ReplayCursor(state["source"], replay))
+            runner.reset(ReplayCursor(state["source"], state["replay"]))
         self._iterator = runner.generate()
+
+    def _source_pulled_in(self, probe: object) -> str | None:
+        """Where this stage's source is pulled while statistics are on with `probe`:
+        ``"thread"`` or ``"process"`` (its worker), or None (where this stage is pulled, as
+        by a parallel map, or the runner does not count for `probe`)."""
+        runner = self._runner
+        if runner.probe is not probe or runner.pulls_source_in == "consumer":
+            return None
+        return runner.pulls_source_in
+
+    def _state_around(self, source: State) -> State:
+        return {"stage": self._name, "source": source, "replay": 0}
 
     def start(self) -> None:
         """Start the workers now rather than at the first ``next()``: their start-up and

@@ -7,7 +7,10 @@ under `MapIterator` stages (whose state is only their source's) and an
 rank takes those it owns, so every shard goes on from exactly where it stopped, on
 exactly one rank. Any other stage above the `ShardedIterator` (or a pipeline without
 one) keeps a rank's own position or buffers, which cannot be split or merged: the
-restore is refused, naming the stage and why.
+restore is refused, naming the stage and why. Each stage declares this itself
+(`Stage._not_elastic`, its reason; `Stage._source_field`, where its state holds its
+source's; `Stage._regrouped`, its part of the new state), so that a new stage needs no
+entry here.
 
 An `EqualLengthIterator` on a new number of ranks starts counting afresh: its counts
 are zero, its phase is ``"running"`` (``"ended"`` if the old pass had ended), and the
@@ -18,67 +21,43 @@ step, on when the pass ends.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._core.graph import Place, walk
 from .._core.protocol import GATHERED_FORMAT, CheckpointableIterator, State
-from ..stages.mapping import MapIterator
-from .equal_length import EqualLengthIterator
+from .._core.regroup import NOT_ELASTIC, Pooling, Regroup, describe
+from .._core.stage import Stage
 from .ranks import group_rank_and_size
-from .sharded import ShardedIterator, owned_shards
+from .sharded import ShardedIterator
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-_WHY = {
-    "BucketedReadaheadBatchIterator": "its read-ahead holds this rank's items",
-    "FixedBatchIterator": "a batch in progress holds this rank's items",
-    "BlockwiseShuffleIterator": "its block holds this rank's items",
-    "BufferedShuffleIterator": "its buffer holds this rank's items",
-    "WeightedMultiplexIterator": "its schedule belongs to this rank's sources",
-    "TokenBudgetMultiplexIterator": "its schedule belongs to this rank's sources",
-    "PackingIterator": "its open sequences hold this rank's documents",
-    "MultiplexIterator": "its position belongs to this rank's sources",
-    "ParallelMapIterator": "its replay counts items of this rank's stream",
-    "PrefetchIterator": "its replay counts items of this rank's stream",
-    "SelectManyIterator": "it reads this rank's chunks, not shards",
-    "InfinitePermutationSourceIterator": "it reads this rank's share of the chunks",
-    "ChunkedSourceIterator": "it reads this rank's share of the chunks",
-}
-_PASS_THROUGH = (MapIterator, EqualLengthIterator)  # stages elastic above a ShardedIterator
-
 
 def _passes_through(place: Place) -> bool:
-    return isinstance(place.stage, _PASS_THROUGH)
+    """Whether the stage at `place` may sit above the `ShardedIterator` (as it declares)."""
+    stage = place.stage
+    return isinstance(stage, Stage) and stage._not_elastic is None and bool(stage._source_field)
 
 
 def why_not_elastic(stage: str) -> str:
     """Why a stage named `stage` cannot sit above the `ShardedIterator` of an elastic
-    pipeline (the reason `restore_state` gives when it refuses)."""
-    return _WHY.get(stage, "it is not a ShardedIterator, or a MapIterator over one")
+    pipeline (the reason `restore_state` gives when it refuses; see `Stage._not_elastic`)."""
+    cls = stage_class(stage)
+    return NOT_ELASTIC if cls is None else cls._not_elastic or NOT_ELASTIC
 
 
-@dataclass(frozen=True)
-class Pooling:
-    """How `redistributed_state` names things in its errors, and what it checks.
-
-    Attributes:
-        owner: the public function, named first in every message.
-        unit: what one old state belongs to (``"rank"``, ``"reader"``).
-        refuse: the error for a stage that cannot be elastic (given the stage's name).
-        num_shards: the new pipeline's number of shards, when known (else the pooled
-            shards must be ``0 .. n-1``).
-        check_shards: called with the number of pooled shards once they are checked,
-            before they are split: raises if the new job cannot use them.
-    """
-
-    owner: str
-    unit: str
-    refuse: Callable[[str], ValueError]
-    num_shards: int | None = None
-    check_shards: Callable[[int], None] | None = None
+def stage_class(name: str) -> type[Stage[Any]] | None:
+    """The stage class named `name` (as states tag it), or None if there is none: the
+    first found, depth first, among the subclasses of `Stage` (the library's own come
+    first, as they are defined first)."""
+    pending: list[type] = [Stage]
+    while pending:
+        cls = pending.pop(0)
+        if cls.__name__ == name and issubclass(cls, Stage):
+            return cls
+        pending[:0] = cls.__subclasses__()
+    return None
 
 
 def elastic_state(
@@ -92,11 +71,11 @@ def elastic_state(
             if the old states do not hold every shard exactly once.
     """
 
-    def refuse(stage: str) -> ValueError:
+    def refuse(stage: str, why: str) -> ValueError:
         return ValueError(
             f"restore_state: the checkpoint holds the data states of {len(states)} ranks, "
             f"but this job has {world_size}, and {stage} cannot be elastic "
-            f"({why_not_elastic(stage)}); build the rank-dependent part of the pipeline as a "
+            f"({why}); build the rank-dependent part of the pipeline as a "
             "ShardedIterator, with per-shard batching, shuffling and mixing inside its "
             f"factory, or relaunch with {len(states)} ranks"
         )
@@ -105,42 +84,26 @@ def elastic_state(
         place.stage for place in walk(iterator, _passes_through) if not _passes_through(place)
     )
     if not isinstance(stage, ShardedIterator):
-        raise refuse(type(stage).__name__)
+        why = stage._not_elastic if isinstance(stage, Stage) else None
+        raise refuse(type(stage).__name__, why or NOT_ELASTIC)
     pooling = Pooling("restore_state", "rank", refuse, stage.num_shards)
     return redistributed_state(states, rank, world_size, pooling)
 
 
 def redistributed_state(states: list[Any], rank: int, world_size: int, pooling: Pooling) -> State:
     """The state of rank `rank` of `world_size` of a pipeline whose old ranks (or
-    readers) saved `states`, read from the states alone (their stage tags)."""
-    return _redistributed(states, rank, world_size, pooling, [False] * len(states))
+    readers) saved `states`, read from the states alone (their stage tags): each stage
+    class regroups its own part (`Stage._regrouped`)."""
+    regroup = Regroup(pooling, rank, world_size, (False,) * len(states), _regrouped)
+    return _regrouped(states, regroup)
 
 
-def _redistributed(
-    states: list[Any], rank: int, world_size: int, pooling: Pooling, finished: list[bool]
-) -> State:
-    """`finished[i]`: the old state `i` was past its real items (its shards all ended)."""
-    stage = _stage_of(states, pooling)
-    if stage == "ShardedIterator":
-        return _sharded(states, rank, world_size, pooling, finished)
-    if stage not in ("MapIterator", "EqualLengthIterator"):
-        raise pooling.refuse(stage)
-    inner = [_field(state, stage, "source", pooling) for state in states]
-    result = dict(states[rank % len(states)])
-    if stage == "EqualLengthIterator":
-        phases = [_field(state, stage, "phase", pooling) for state in states]
-        ended = [phase == "ended" for phase in phases]
-        if any(ended) and not all(ended):
-            raise ValueError(
-                f"{pooling.owner}: the {pooling.unit}s' EqualLengthIterator states are of "
-                f"different steps (phases {phases}): every {pooling.unit} ends the pass at "
-                "the same step"
-            )
-        pairs = zip(finished, phases, strict=True)
-        finished = [done or phase != "running" for done, phase in pairs]
-        result.update(phase="ended" if all(ended) else "running", real=0, padded=0, dropped=0)
-    result["source"] = _redistributed(inner, rank, world_size, pooling, finished)
-    return result
+def _regrouped(states: list[Any], regroup: Regroup) -> State:
+    stage = _stage_of(states, regroup.pooling)
+    cls = stage_class(stage)
+    if cls is None:
+        raise regroup.pooling.refuse(stage, NOT_ELASTIC)
+    return cls._regrouped(states, regroup)
 
 
 def _stage_of(states: list[Any], pooling: Pooling) -> str:
@@ -148,70 +111,9 @@ def _stage_of(states: list[Any], pooling: Pooling) -> str:
     if not states or not isinstance(stages[0], str) or len(set(stages)) > 1:
         raise ValueError(
             f"{pooling.owner}: expected one state per {pooling.unit}, all of the same stage, "
-            f"got {[_describe(state) for state in states]}"
+            f"got {[describe(state) for state in states]}"
         )
     return stages[0]
-
-
-def _field(state: Any, stage: str, key: str, pooling: Pooling) -> Any:
-    if not isinstance(state, dict) or state.get("stage") != stage or key not in state:
-        raise ValueError(
-            f"{pooling.owner}: expected every {pooling.unit}'s state to be one of {stage} "
-            f"with {key!r}, got {_describe(state)}"
-        )
-    return state[key]
-
-
-def _describe(state: Any) -> str:
-    if isinstance(state, dict):
-        return f"a state of {state.get('stage')!r}"
-    return type(state).__name__
-
-
-def _sharded(
-    states: list[Any], rank: int, world_size: int, pooling: Pooling, finished: list[bool]
-) -> State:
-    """This rank's `ShardedIterator` state: the entries of its shards, from every old one."""
-    entries: dict[int, Any] = {}
-    fingerprint = None
-    for old, (old_state, done) in enumerate(zip(states, finished, strict=True)):
-        shards = _field(old_state, "ShardedIterator", "shards", pooling)
-        fingerprint = old_state.get("fingerprint", fingerprint)
-        if not isinstance(shards, list):
-            raise ValueError(f"{pooling.owner}: {pooling.unit} {old}'s 'shards' is not a list")
-        for entry in shards:
-            shard = entry.get("shard") if isinstance(entry, dict) else None
-            if not isinstance(shard, int) or shard in entries:
-                raise ValueError(
-                    f"{pooling.owner}: {pooling.unit} {old}'s ShardedIterator state holds "
-                    f"shard {shard!r} {'twice' if shard in entries else 'as a bad entry'}"
-                )
-            if done:  # what its source holds now is padding, not the pass
-                entry = {**entry, "source": None, "replay": 0, "ended": True}
-            entries[shard] = entry
-    num_shards = len(entries) if pooling.num_shards is None else pooling.num_shards
-    if sorted(entries) != list(range(num_shards)):
-        raise ValueError(
-            f"{pooling.owner}: the {pooling.unit}s' ShardedIterator states hold shards "
-            f"{sorted(entries)}, "
-            + (
-                f"this pipeline has {num_shards} shards (num_shards cannot change)"
-                if pooling.num_shards is not None
-                else f"but not every shard from 0 to {max(entries, default=0)}: give the "
-                f"states of every old {pooling.unit}"
-            )
-        )
-    if pooling.check_shards is not None:
-        pooling.check_shards(num_shards)
-    owned = owned_shards(num_shards, rank, world_size)
-    merged: State = {
-        "stage": "ShardedIterator",
-        "shards": [entries[shard] for shard in owned],
-        "next": next((s for s in owned if entries[s].get("ended") is not True), -1),
-    }
-    if fingerprint is not None:
-        merged["fingerprint"] = fingerprint
-    return merged
 
 
 def restore_state(

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 from .._core.checks import require_callable, require_checkpointable
 from .._core.fingerprint import described
 from .._core.protocol import CheckpointableIterator, State
+from .._core.regroup import Regroup
+from .._core.schema import FieldSpec, Int, OneOf
 from .._core.stage import Stage, fast_iterator, source_state
 from . import ranks
 from .arrivals import Arrivals
@@ -79,14 +81,34 @@ class EqualLengthIterator(Stage[T]):
         that must pad restarts its share to learn whether there is anything to repeat.
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {
         "source": dict,
-        "phase": str,
-        "real": int,
-        "padded": int,
-        "dropped": int,
+        "phase": OneOf(*_PHASES),
+        "real": Int(0),
+        "padded": Int(0),
+        "dropped": Int(0),
     }
     _user_callables = ("fill",)
+    _source_field = "source"
+    _not_elastic = None
+
+    @classmethod
+    def _regrouped(cls, states: list[Any], regroup: Regroup) -> State:
+        """Counting afresh on the new ranks; the shards of an old rank that was past its
+        real items are ended (see `infinibatch_like.distributed.elastic`)."""
+        unit = regroup.pooling.unit
+        phases = [regroup.field(state, cls.__name__, "phase") for state in states]
+        ended = [phase == "ended" for phase in phases]
+        if any(ended) and not all(ended):
+            raise regroup.error(
+                f"the {unit}s' EqualLengthIterator states are of different steps (phases "
+                f"{phases}): every {unit} ends the pass at the same step"
+            )
+        pairs = zip(regroup.finished, phases, strict=True)
+        finished = [done or phase != "running" for done, phase in pairs]
+        result = regroup.around(cls.__name__, "source", states, finished)
+        result.update(phase="ended" if all(ended) else "running", real=0, padded=0, dropped=0)
+        return result
 
     def __init__(
         self,
@@ -130,14 +152,8 @@ class EqualLengthIterator(Stage[T]):
         if state is None:
             self._phase, self._real, self._padded, self._dropped = "running", 0, 0, 0
         else:
-            counts = [state["real"], state["padded"], state["dropped"]]
-            if state["phase"] not in _PHASES or min(counts) < 0:
-                raise self.mismatch(
-                    f"expected a phase in {_PHASES} and counts >= 0, got {state['phase']!r} "
-                    f"and {counts}"
-                )
-            self._phase = state["phase"]
-            self._real, self._padded, self._dropped = counts
+            self._phase, self._real = state["phase"], state["real"]
+            self._padded, self._dropped = state["padded"], state["dropped"]
         self._iterator = self._generate()
 
     def _restarted(self) -> Iterator[T]:

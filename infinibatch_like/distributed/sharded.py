@@ -17,6 +17,8 @@ from .._core.checks import require_callable, require_checkpointable, require_int
 from .._core.fingerprint import described
 from .._core.graph import Place, walk
 from .._core.protocol import CheckpointableIterator, State
+from .._core.regroup import Regroup
+from .._core.schema import FieldSpec, Int, ListOf, Record
 from .._core.stage import Stage, fast_iterator, skip_items, source_state
 from ..background.lifecycle import get_context
 from ..background.stage import BackgroundStage
@@ -31,40 +33,22 @@ ShardFactory = Callable[[int, int], CheckpointableIterator[T]]
 """Builds the pipeline of shard `shard` of `num_shards`: ``factory(shard, num_shards)``
 (generic in the item type, so that a lambda factory's parameters need no annotations)."""
 
-_ENTRY_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "shard": int,
-    "source": (dict, type(None)),
-    "replay": int,
-    "delivered": int,
-    "ended": bool,
-}
+_ENTRY = Record(
+    {
+        "shard": int,
+        "source": (dict, type(None)),
+        "replay": Int(0, lambda stage: stage._max_replay, name="snapshot_every"),
+        "delivered": Int(0),
+        "ended": bool,
+    }
+)
+"""A shard entry (see the module); its replay at most the stage's `snapshot_every`."""
+_FIELDS: dict[str, FieldSpec] = {"shards": ListOf(_ENTRY), "next": int}
 
 
 def owned_shards(num_shards: int, rank: int, world_size: int) -> list[int]:
     """The shards that rank `rank` of `world_size` reads: ``s % world_size == rank``."""
     return list(range(rank, num_shards, world_size))
-
-
-def check_entry(stage: Stage[Any], entry: object, max_replay: int) -> State:
-    """`entry` if it is a well-formed shard entry, else a StateMismatchError of `stage`."""
-    if not isinstance(entry, dict):
-        raise stage.mismatch(f"a shard entry must be a dict, got {type(entry).__name__}")
-    for key, kind in _ENTRY_FIELDS.items():
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        if key not in entry:
-            raise stage.mismatch(f"a shard entry lacks the field {key!r}: {entry!r}")
-        value = entry[key]
-        if not isinstance(value, kinds) or (type(value) is bool and bool not in kinds):
-            names = " or ".join(
-                "None" if option is type(None) else option.__name__ for option in kinds
-            )
-            raise stage.mismatch(f"shard entry field {key!r} is {value!r}, expected {names}")
-    if not 0 <= entry["replay"] <= max_replay or entry["delivered"] < 0:
-        raise stage.mismatch(
-            f"shard {entry['shard']}: expected 0 <= replay <= {max_replay} and delivered >= 0, "
-            f"got replay={entry['replay']}, delivered={entry['delivered']}"
-        )
-    return entry
 
 
 def next_live(shards: list[int], ended: list[bool], index: int) -> int:
@@ -89,9 +73,8 @@ class _ShardGroup(Stage[tuple[int, bool, Any]]):
         visited next (-1 once all ended).
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"shards": list, "next": int}
-    _replica_sources: ClassVar[bool] = True
-    """Its sources are copies of one pipeline (statistics add them up)."""
+    _state_fields: ClassVar[dict[str, FieldSpec]] = _FIELDS
+    _replica_sources = True  # copies of one pipeline (statistics add them up)
 
     def __init__(
         self, factory: ShardFactory[Any], shards: list[int], num_shards: int, max_replay: int
@@ -128,7 +111,7 @@ class _ShardGroup(Stage[tuple[int, bool, Any]]):
         if state is None:
             self.restore_sources(self._pipelines, None, "shards")
         else:
-            entries = [check_entry(self, entry, self._max_replay) for entry in state["shards"]]
+            entries = state["shards"]
             if [entry["shard"] for entry in entries] != self._shards:
                 raise self.mismatch(
                     f"the state holds shards {[entry['shard'] for entry in entries]}, this "
@@ -225,7 +208,8 @@ class ShardedIterator(Stage[T]):
         state does not depend on `workers`: restore it with any number of workers.
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"shards": list, "next": int}
+    _state_fields: ClassVar[dict[str, FieldSpec]] = _FIELDS
+    _not_elastic = None  # the stage whose shards elastic restore pools
     _pending: list[State | None]  # per shard: its restored entry, until the shard moves on
 
     def __init__(
@@ -257,7 +241,7 @@ class ShardedIterator(Stage[T]):
         self._owned = owned_shards(num_shards, rank, world_size)
         self._max_replay = snapshot_every
         self._groups: list[_ShardGroup] = []
-        self._feeds: list[CheckpointableIterator[tuple[int, bool, Any]]] = []
+        self._feeds: list[Stage[tuple[int, bool, Any]]] = []
         count = max(1, min(workers, len(self._owned)))  # no idle worker
         for worker in range(count):
             group = _ShardGroup(factory, self._owned[worker::count], num_shards, snapshot_every)
@@ -312,7 +296,7 @@ class ShardedIterator(Stage[T]):
             for shard, pipeline in zip(group._shards, group._pipelines, strict=True)
         ]
         for mixer in mixers:  # all valid before any changes
-            checked_weights("ShardedIterator.set_weights", weights, len(mixer._choices))
+            checked_weights("ShardedIterator.set_weights", weights, len(mixer.sources))
         workers = self._feeds[0] is not self._groups[0]
         if workers:  # restore the shards here, at the items delivered so far
             self.setstate(self.getstate())
@@ -326,6 +310,51 @@ class ShardedIterator(Stage[T]):
         state["shards"] = [entries[shard] for shard in self._owned]
         self.setstate(state)  # the workers start from the shards changed here
 
+    @classmethod
+    def _regrouped(cls, states: list[Any], regroup: Regroup) -> State:
+        """This rank's state on a new number of ranks: the entries of the shards it owns,
+        pooled from every old rank's (those of a finished old rank ended)."""
+        pooling, unit = regroup.pooling, regroup.pooling.unit
+        entries: dict[int, Any] = {}
+        fingerprint = None
+        for old, (old_state, done) in enumerate(zip(states, regroup.finished, strict=True)):
+            shards = regroup.field(old_state, cls.__name__, "shards")
+            fingerprint = old_state.get("fingerprint", fingerprint)
+            if not isinstance(shards, list):
+                raise regroup.error(f"{unit} {old}'s 'shards' is not a list")
+            for entry in shards:
+                shard = entry.get("shard") if isinstance(entry, dict) else None
+                if not isinstance(shard, int) or shard in entries:
+                    raise regroup.error(
+                        f"{unit} {old}'s ShardedIterator state holds shard {shard!r} "
+                        f"{'twice' if shard in entries else 'as a bad entry'}"
+                    )
+                if done:  # what its source holds now is padding, not the pass
+                    entry = {**entry, "source": None, "replay": 0, "ended": True}
+                entries[shard] = entry
+        num_shards = len(entries) if pooling.num_shards is None else pooling.num_shards
+        if sorted(entries) != list(range(num_shards)):
+            raise regroup.error(
+                f"the {unit}s' ShardedIterator states hold shards {sorted(entries)}, "
+                + (
+                    f"this pipeline has {num_shards} shards (num_shards cannot change)"
+                    if pooling.num_shards is not None
+                    else f"but not every shard from 0 to {max(entries, default=0)}: give the "
+                    f"states of every old {unit}"
+                )
+            )
+        if pooling.check_shards is not None:
+            pooling.check_shards(num_shards)
+        owned = owned_shards(num_shards, regroup.rank, regroup.world_size)
+        merged: State = {
+            "stage": cls.__name__,
+            "shards": [entries[shard] for shard in owned],
+            "next": next((s for s in owned if entries[s].get("ended") is not True), -1),
+        }
+        if fingerprint is not None:
+            merged["fingerprint"] = fingerprint
+        return merged
+
     def _worker_of(self, index: int) -> int:
         return index % len(self._feeds)
 
@@ -333,7 +362,7 @@ class ShardedIterator(Stage[T]):
         entries: dict[int, State] = {}
         for feed, group in zip(self._feeds, self._groups, strict=True):
             feed_state = source_state(feed)
-            group_state = feed_state if feed is group else feed_state["source"]
+            group_state = feed_state if feed is group else feed_state[str(feed._source_field)]
             for entry in group_state["shards"]:
                 entries[entry["shard"]] = entry
         result = []
@@ -369,7 +398,7 @@ class ShardedIterator(Stage[T]):
         self._iterator = self._generate()
 
     def _restore_entries(self, state: State) -> None:
-        entries = [check_entry(self, entry, self._max_replay) for entry in state["shards"]]
+        entries = state["shards"]
         shards = [entry["shard"] for entry in entries]
         if shards != self._owned:
             raise self.mismatch(
@@ -394,11 +423,9 @@ class ShardedIterator(Stage[T]):
                 "shards": local,
                 "next": self._owned[live[0]] if live else -1,
             }
-            if feed is group:
-                self.restore_source(feed, group_state)
-            else:
-                prefetch_state = {"stage": "PrefetchIterator", "source": group_state, "replay": 0}
-                self.restore_source(feed, prefetch_state)
+            if feed is not group:  # the worker's PrefetchIterator, at the group's state
+                group_state = feed._state_around(group_state)
+            self.restore_source(feed, group_state)
 
     def _generate(self) -> Iterator[T]:
         owned, count = self._owned, len(self._owned)

@@ -25,6 +25,7 @@ from .._core.rng import (
     read_mark,
     resolve_seed,
 )
+from .._core.schema import FieldSpec, Int
 from .._core.stage import Stage, copy_plain, fast_iterator, source_state
 
 T = TypeVar("T")
@@ -42,11 +43,11 @@ class ReadAheadStage(Stage[T]):
         next group, so a restore re-reads at most the one group being yielded.
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {
         "source": dict,
         "seed": (int, str),
         **MARK_FIELDS,
-        "emitted": int,
+        "emitted": Int(0, lambda stage: stage._most_outputs),
     }
 
     def _init_read_ahead(self, source: CheckpointableIterator[Any], seed: Seed | None) -> None:
@@ -94,10 +95,6 @@ class ReadAheadStage(Stage[T]):
             self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
             self._mark = read_mark(self, state["draws"], state["generator"])
             self._skip = state["emitted"]
-            if not 0 <= self._skip <= self._most_outputs:
-                raise self.mismatch(
-                    f"'emitted' must be in [0, {self._most_outputs}], got {self._skip}"
-                )
         self._anchor = source_state(self._source)
         self._rng = CountingRandom.from_mark(self._seed, self._mark)
         self._group: Iterator[T] = iter(())

@@ -18,11 +18,12 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar
 
 from .._core.names import short_repr
 from .._core.notes import lost_input
 from .._core.protocol import CheckpointableIterator, State, StateMismatchError
+from .._core.schema import FieldSpec, Int, ListOf, Omissible, Pair, Record
 from .._core.stage import Stage
 from ._failures import MESSAGE_LIMIT, BadRecord
 
@@ -156,14 +157,29 @@ class ParsedRecords(Iterator[U]):
         return self._parse(next(self._records))
 
 
-_LEDGER_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "in_stage": str,
-    "kind": str,
-    "chunk": (str, type(None)),
-    "position": int,
-    "error": str,
-    "message": str,
-}
+_LEDGER_ENTRY = Record(
+    {
+        "in_stage": str,
+        "kind": str,
+        "chunk": (str, type(None)),
+        "position": int,
+        "error": str,
+        "message": str,
+    },
+    exact=True,
+)
+SKIPS = Record(
+    {
+        "seen": Int(0),
+        "window": Int(0),
+        "in_window": Int(0),
+        "records": Int(0),
+        "chunks": Int(0),
+        "per_chunk": ListOf(Pair(str, Int(0))),
+        "last": ListOf(_LEDGER_ENTRY),
+    }
+)
+"""The schema of a `Budget`'s state (the ``"skips"`` field of a stage's state)."""
 
 
 class Budget:
@@ -181,38 +197,24 @@ class Budget:
         self.stage, self.policy = stage, policy
         self.restore(None)
 
-    def restore(self, state: object) -> None:
-        """Continue from `state` (None, or a state without skips: a fresh ledger)."""
+    def restore(self, state: State | None) -> None:
+        """Continue from `state` (None: a fresh ledger), checked against `SKIPS`; a
+        ValueError if its window does not fit the policy."""
         self.seen = self.window = self.in_window = self.records = self.chunks = 0
         self.per_chunk: dict[str, int] = {}
         self.last: list[State] = []
         if state is None:
             return
-        if not isinstance(state, dict):
-            raise ValueError(f"state field 'skips' must be a dict, got {short_repr(state)}")
-        counts = [state.get(key) for key in ("seen", "window", "in_window", "records", "chunks")]
-        if not all(type(value) is int and value >= 0 for value in counts):
-            raise ValueError(f"state field 'skips' holds bad counts {short_repr(counts)}")
-        seen, window, in_window, records, chunks = cast("list[int]", counts)
+        seen, window, in_window = state["seen"], state["window"], state["in_window"]
         size = self.policy.per_items
         if in_window > self.policy.max_skips or (size is not None and window > seen // size):
             raise ValueError(
                 f"state field 'skips' holds {in_window} failures in window {window} after "
                 f"{seen} items, which does not fit on_error={self.policy!r}"
             )
-        per_chunk, last = state.get("per_chunk"), state.get("last")
-        if not isinstance(per_chunk, list) or not all(
-            isinstance(pair, list)
-            and len(pair) == 2
-            and isinstance(pair[0], str)
-            and type(pair[1]) is int
-            for pair in per_chunk
-        ):
-            raise ValueError("state field 'skips' has a bad 'per_chunk' (expected [[str, int]])")
-        if not isinstance(last, list) or not all(_is_entry(entry) for entry in last):
-            raise ValueError("state field 'skips' has a bad 'last' (expected ledger entries)")
+        per_chunk, last = state["per_chunk"], state["last"]
         self.seen, self.window, self.in_window = seen, window, in_window
-        self.records, self.chunks = records, chunks
+        self.records, self.chunks = state["records"], state["chunks"]
         keep = self.policy.keep_last
         self.per_chunk = {name: count for name, count in per_chunk[max(0, len(per_chunk) - keep) :]}
         self.last = [dict(entry) for entry in last[max(0, len(last) - keep) :]]
@@ -273,17 +275,6 @@ class Budget:
         )
 
 
-def _is_entry(entry: object) -> bool:
-    return (
-        isinstance(entry, dict)
-        and set(entry) == set(_LEDGER_FIELDS)
-        and all(
-            isinstance(entry[key], kind) and type(entry[key]) is not bool
-            for key, kind in _LEDGER_FIELDS.items()
-        )
-    )
-
-
 class BudgetedStage(Stage[T]):
     """A stage that may skip bad records: its state holds ``"skips"`` (the `Budget`'s
     state) when it was built with a `SkipPolicy`, and nothing more otherwise.
@@ -329,12 +320,9 @@ class BudgetedStage(Stage[T]):
         """``{"skips": ...}`` with `seen` items of the input so far (nothing without a budget)."""
         return {} if self._budget is None else {"skips": self._budget.state(seen)}
 
-    def _checked(self, checkpoint: object) -> State:
-        skips = checkpoint.pop("skips", None) if isinstance(checkpoint, dict) else None
-        checked = super()._checked(checkpoint)
-        if self._budget is not None and skips is not None:
-            checked["skips"] = skips
-        return checked
+    def _state_schema(self) -> Mapping[str, FieldSpec]:
+        fields = super()._state_schema()
+        return fields if self._budget is None else {**fields, "skips": Omissible(SKIPS)}
 
     def _restore_budget(self, state: State | None) -> None:
         """Put the budget and `_seen` into place from `state` (None: afresh)."""
@@ -407,6 +395,7 @@ def _collect(state: object, path: list[str], found: dict[str, SkipLedger]) -> No
         keep = max(len(skips.get("last") or ()), len(skips.get("per_chunk") or ()), 1)
         budget = Budget(name, SkipPolicy(2**62, None, keep))  # reads any budget's state
         try:
+            SKIPS.check(skips, "skips", None)
             budget.restore(skips)
         except ValueError as error:
             raise StateMismatchError(str(error), tuple(here)) from None

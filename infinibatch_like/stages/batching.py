@@ -27,6 +27,7 @@ class FixedBatchIterator(Stage[list[T]]):
         items are consumed and not yielded): restore a checkpoint taken before the error.
     """
 
+    _not_elastic = "a batch in progress holds this rank's items"
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"source": dict}
 
     def __init__(self, source_iterator: CheckpointableIterator[T], batch_size: int) -> None:
@@ -101,6 +102,7 @@ class BucketedReadaheadBatchIterator(ReadAheadStage[list[T]]):
         `shuffle`. No items; a restore re-reads the current window from the source.
     """
 
+    _not_elastic = "its read-ahead holds this rank's items"
     _user_callables = ("key", "batch_size", "boundary_key")
 
     def __init__(

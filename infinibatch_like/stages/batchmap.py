@@ -9,6 +9,7 @@ from typing import ClassVar, TypeVar
 
 from .._core.checks import batch_outputs, require_callable, require_checkpointable, require_int
 from .._core.protocol import CheckpointableIterator, State
+from .._core.schema import FieldSpec, Int
 from .._core.stage import Stage, fast_iterator, source_state
 
 T = TypeVar("T")
@@ -48,7 +49,10 @@ class BatchMapIterator(Stage[U]):
         `offset` outputs.
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"source": dict, "offset": int}
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {
+        "source": dict,
+        "offset": Int(0, below=lambda stage: stage._batch_size, name="batch_size"),
+    }
     _user_callables = ("transform_batch",)
 
     def __init__(
@@ -93,11 +97,6 @@ class BatchMapIterator(Stage[U]):
         skip = 0
         if state is not None:
             skip = state["offset"]
-            if not 0 <= skip < self._batch_size:
-                raise ValueError(
-                    f"{self._name}: the state's offset must be >= 0 and < batch_size "
-                    f"({self._batch_size}), got {skip}"
-                )
         self.restore_source(self._source, None if state is None else state["source"])
         self._start, self._offset = source_state(self._source), skip
         self._iterator = self._generate(skip)

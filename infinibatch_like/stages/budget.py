@@ -9,6 +9,7 @@ from .._core.checks import require_callable
 from .._core.fingerprint import described
 from .._core.protocol import CheckpointableIterator, State
 from .._core.rng import Seed
+from .._core.schema import FieldSpec
 from .._core.stage import fast_iterator, skip_items, source_state
 from .weighted import WeightedMultiplexIterator
 
@@ -65,7 +66,7 @@ class TokenBudgetMultiplexIterator(WeightedMultiplexIterator[T]):
     """
 
     _user_callables = ("cost",)
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {
         **WeightedMultiplexIterator._state_fields,
         "skips": list,
     }

@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from .._core.checks import require_checkpointable, require_int
 from .._core.protocol import CheckpointableIterator, State, StateMismatchError
+from .._core.schema import FieldSpec, Int, ListOf
 from .._core.stage import Stage, _Halted
 from ..background.fanout_hub import MODES, NAME, Hub
 
@@ -21,11 +22,11 @@ class FanOutStage(Stage[T], Generic[T]):
     """What the owner and the consumers of a fan-out share: the state's tag (``"FanOut"``),
     its fields and its fingerprint (the mode and the number of consumers)."""
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {
         "source": dict,
-        "source_index": int,
-        "taken": list,
-        "closed": list,
+        "source_index": Int(0),
+        "taken": ListOf(Int(0), lambda stage: stage._count, "consumer"),
+        "closed": ListOf(bool, lambda stage: stage._count, "consumer"),
     }
     _mode: str
     _count: int

@@ -32,12 +32,16 @@ class FilterIterator(Stage[T]):
         state is as small as the source's. After an error in `predicate`, the state steps
         the source back to the failing item where the source can step back one item (as
         for `MapIterator`), so that a restore calls the predicate on it again; over any
-        other source `getstate` raises RuntimeError until the next `setstate`.
+        other source `getstate` raises RuntimeError until the next `setstate`. Being
+        only its source's, the state regroups above a `ShardedIterator` on another number
+        of ranks (`infinibatch_like.distributed.restore_state`).
     """
 
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"source": dict}
     _user_callables = ("predicate",)
     _loses_input_on_error = True
+    _source_field = "source"
+    _not_elastic = None  # its state is its source's: elastic over a ShardedIterator
 
     def __init__(
         self, source_iterator: CheckpointableIterator[T], predicate: Callable[[T], object]

@@ -11,6 +11,7 @@ from .._core.names import short_repr
 from .._core.notes import NOTE_PREFIX, add_note, has_library_note
 from .._core.probe import Gauges
 from .._core.protocol import CheckpointableIterator, State, StateMismatchError
+from .._core.schema import FieldSpec, Int
 from .._core.stage import fast_iterator, skip_items, source_state
 from ..background.readers import ChunkRead, ReadAhead
 from ._failures import BadRecord, failure, tolerant
@@ -99,9 +100,10 @@ class SelectManyIterator(BudgetedStage[Any]):
         and the ledger (bounded by ``keep_last``): a restore skips the same records.
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+    _not_elastic = "it reads this rank's chunks, not shards"
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {
         "source": dict,
-        "consumed": int,
+        "consumed": Int(0),
     }
     _user_callables = ("collection_selector",)
 
@@ -144,8 +146,6 @@ class SelectManyIterator(BudgetedStage[Any]):
         else:
             self.restore_source(self._source, state["source"])
             self._anchor, self._consumed = state["source"], state["consumed"]
-        if self._consumed < 0:
-            raise self.mismatch(f"'consumed' must be >= 0, got {self._consumed}")
         self._restore_budget(state)
         self._base = self._seen - self._consumed  # the position of the collection's start
         self._window = None

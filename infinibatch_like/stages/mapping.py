@@ -18,6 +18,7 @@ from .._core.rng import (
     read_mark,
     resolve_seed,
 )
+from .._core.schema import FieldSpec
 from .._core.stage import Stage, fast_iterator, source_state, state_before_last
 from ._failures import failure
 from .bad_records import BudgetedStage, OnError
@@ -60,9 +61,11 @@ class MapIterator(BudgetedStage[U]):
         failing item as after an error.
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"source": dict}
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {"source": dict}
     _user_callables = ("transform",)
     _loses_input_on_error = True
+    _source_field = "source"
+    _not_elastic = None  # its state is its source's: elastic over a ShardedIterator
 
     def __init__(
         self,
@@ -134,7 +137,7 @@ class SamplingRandomMapIterator(Stage[U]):
         call may have drawn from the generator): restore an earlier checkpoint.
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {
         "source": dict,
         "seed": (int, str),
         **MARK_FIELDS,

@@ -60,6 +60,7 @@ class MultiplexIterator(Stage[Any]):
         sources' states. Nothing is re-read.
     """
 
+    _not_elastic = "its position belongs to this rank's sources"
     _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
         "control": dict,
         "sources": list,

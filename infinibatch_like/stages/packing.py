@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypedDict
 from .._core.checks import require_checkpointable, require_int
 from .._core.extras import missing_extra
 from .._core.protocol import CheckpointableIterator, State
+from .._core.schema import FieldSpec, Int, ListOf
 from .._core.stage import Stage, fast_iterator, source_state
 from ._packer import AGE_LIMIT, Bin, Packer
 
@@ -136,12 +137,16 @@ class PackingIterator(Stage[PackedSequence]):
         document.
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+    _not_elastic = "its open sequences hold this rank's documents"
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {
         "source": dict,
-        "fills": list,
-        "ages": list,
-        "read": int,
-        "yielded": int,
+        "fills": ListOf(
+            Int(1, lambda stage: stage._seq_len - 1, name="seq_len - 1"),
+            most=lambda stage: stage._window,
+        ),
+        "ages": ListOf(Int(0, lambda stage: AGE_LIMIT * stage._window)),
+        "read": Int(0),
+        "yielded": Int(0, _MOST_YIELDED),
         "ended": bool,
     }
 
@@ -245,21 +250,13 @@ class PackingIterator(Stage[PackedSequence]):
         self._iterator = self._generate()
 
     def _checked_bins(self, state: State) -> tuple[list[int], list[int]]:
-        """The state's fills and ages of the sequences open at its replay point."""
+        """The state's fills and ages of the sequences open at its replay point (each
+        checked by the schema; here, one age per fill)."""
         fills, ages = state["fills"], state["ages"]
-        if len(fills) > self._window or not all(
-            type(fill) is int and 0 < fill < self._seq_len for fill in fills
-        ):
+        if len(ages) != len(fills):
             raise self.mismatch(
-                f"'fills' must hold at most {self._window} ints in [1, {self._seq_len - 1}], "
-                f"got {fills!r}"
-            )
-        most = AGE_LIMIT * self._window
-        if len(ages) != len(fills) or not all(
-            type(age) is int and 0 <= age <= most for age in ages
-        ):
-            raise self.mismatch(
-                f"'ages' must hold {len(fills)} ints in [0, {most}] (one per fill), got {ages!r}"
+                f"state field 'ages' holds {len(ages)} items, expected {len(fills)} (one per "
+                f"fill): {ages!r:.200}"
             )
         return list(fills), list(ages)
 
@@ -268,10 +265,9 @@ class PackingIterator(Stage[PackedSequence]):
         not yet yielded."""
         read, yielded = state["read"], state["yielded"]
         most_read = (yielded + 2 * self._window + 2) * self._seq_len + _MOST_EMPTY
-        if not 0 <= yielded <= _MOST_YIELDED or not 0 <= read <= most_read:
+        if read > most_read:
             raise self.mismatch(
-                f"expected 0 <= yielded <= {_MOST_YIELDED} and 0 <= read <= {most_read}, "
-                f"got yielded={yielded}, read={read}"
+                f"state field 'read' must be <= {most_read} with yielded={yielded}, got {read}"
             )
         packer, pull = self._packer, fast_iterator(self._source)
         packer.reopen(fills, ages)

@@ -84,6 +84,7 @@ class _MapRunner(Runner):
         self.batched = batched
         self.transform, self.num_workers, self.task_size = transform, num_workers, task_size
         self.tasks_in_flight, self.mode, self.start_method = tasks_in_flight, mode, start_method
+        self.pulls_source_in = "consumer"  # it dispatches its source's items itself
         self.pool: Pool | None = None
         self.dispatcher: _Dispatcher | None = None
         self.in_flight: deque[Task] = deque()
@@ -229,6 +230,8 @@ class ParallelMapIterator(BudgetedStage[Any], BackgroundStage[Any]):
         computed again. With a `SkipPolicy`, also ``"skips"``: the budget window and the
         ledger (bounded by ``keep_last``); a restore skips the same items again.
     """
+
+    _not_elastic = "its replay counts items of this rank's stream"
 
     def __init__(
         self,

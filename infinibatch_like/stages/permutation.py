@@ -17,6 +17,7 @@ from typing import ClassVar
 from .._core.checks import require_int
 from .._core.protocol import State
 from .._core.rng import Seed, adopt_seed, resolve_seed
+from .._core.schema import FieldSpec, Int
 from .._core.stage import Stage
 from .sources import check_epochs, check_position, check_rank
 
@@ -136,10 +137,10 @@ class PermutationSourceIterator(Stage[int]):
         nothing left) and a restore from there is exhausted at once.
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {
         "seed": (int, str),
-        "epoch_number": int,
-        "position": int,
+        "epoch_number": Int(0),
+        "position": Int(0, below=lambda stage: stage._num_items, name="num_items"),
     }
 
     def __init__(
@@ -178,10 +179,6 @@ class PermutationSourceIterator(Stage[int]):
         else:
             self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
             epoch, within = state["epoch_number"], state["position"]
-            if epoch < 0 or not 0 <= within < self._num_items:
-                raise self.mismatch(
-                    f"epoch {epoch} and position {within} do not fit {self._num_items} items"
-                )
             position = epoch * self._num_items + within
             check_position(self, position, self._num_instances, self._instance_rank, self._end)
         self._position = position

@@ -47,6 +47,7 @@ class _PrefetchRunner(Runner):
         self.buffer_in_main_process = buffer_in_main_process
         self.channel: Channel | None = None
         self.sources_in_worker_process = mode == "process"
+        self.pulls_source_in = "process" if mode == "process" else "thread"
 
     def _start(self) -> None:
         self.started_at = self.cursor.consumed
@@ -167,6 +168,8 @@ class PrefetchIterator(BackgroundStage[Any]):
         (plus whatever the source's own restore re-reads). Items in the buffer are not part
         of the state and are produced again after a restore.
     """
+
+    _not_elastic = "its replay counts items of this rank's stream"
 
     def __init__(
         self,

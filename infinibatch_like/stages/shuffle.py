@@ -17,6 +17,7 @@ from .._core.rng import (
     read_mark,
     resolve_seed,
 )
+from .._core.schema import FieldSpec
 from .._core.stage import Stage, fast_iterator, source_state
 from ._readahead import ReadAheadStage
 
@@ -41,6 +42,8 @@ class BlockwiseShuffleIterator(ReadAheadStage[T]):
         it and how many of its items were yielded, and `block_size`, which cannot change
         at a restart. No items; a restore re-reads the current block from the source.
     """
+
+    _not_elastic = "its block holds this rank's items"
 
     def __init__(
         self,
@@ -83,7 +86,8 @@ class BufferedShuffleIterator(Stage[T]):
         restore re-reads nothing.
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+    _not_elastic = "its buffer holds this rank's items"
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {
         "source": dict,
         "seed": (int, str),
         **MARK_FIELDS,

@@ -7,7 +7,9 @@ from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar, TypeVar
 
 from .._core.checks import require_checkpointable, require_int
+from .._core.names import short_repr
 from .._core.protocol import CheckpointableIterator, State
+from .._core.schema import Check, FieldSpec, Int, ListOf
 from .._core.stage import Stage, fast_iterator, source_state
 from .mapping import MapIterator
 
@@ -17,6 +19,18 @@ logger = logging.getLogger("infinibatch_like")
 
 KEEP_DONE = 32
 """How many finished ranges a `SkipIterator` state keeps, for the record."""
+
+
+def _range_problem(pair: object, stage: object) -> str | None:
+    """What is wrong with `pair` as a range ``[start, stop]`` of positions, or None."""
+    if (
+        isinstance(pair, list)
+        and len(pair) == 2
+        and all(type(value) is int for value in pair)
+        and 0 <= pair[0] < pair[1]
+    ):
+        return None
+    return f"must be a range [start, stop] with 0 <= start < stop, got {short_repr(pair)}"
 
 
 class SkipIterator(Stage[T]):
@@ -52,12 +66,12 @@ class SkipIterator(Stage[T]):
         ranges given plus a constant; a restore re-reads nothing.
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {
         "source": dict,
-        "position": int,
-        "pending": list,
-        "done": list,
-        "skipped": int,
+        "position": Int(0),
+        "pending": ListOf(Check(_range_problem)),
+        "done": ListOf(Check(_range_problem)),
+        "skipped": Int(0),
     }
 
     _pending: list[list[int]]
@@ -145,16 +159,6 @@ class SkipIterator(Stage[T]):
         else:
             self._position, self._skipped = state["position"], state["skipped"]
             pending, self._done = state["pending"], state["done"]
-            for field in ("pending", "done"):
-                if not all(_is_range(pair) for pair in state[field]):
-                    raise self.mismatch(
-                        f"state field {field!r} must hold ranges [start, stop] with "
-                        f"0 <= start < stop, got {state[field]!r:.200}"
-                    )
-            if self._position < 0 or self._skipped < 0:
-                raise self.mismatch(
-                    f"position and skipped must be >= 0, got {self._position}, {self._skipped}"
-                )
             self._done = [list(pair) for pair in self._done[-KEEP_DONE:]]
         position = self._position
         given = [[max(start, position), stop] for start, stop in self._given if stop > position]
@@ -199,13 +203,6 @@ class SkipIterator(Stage[T]):
         return True
 
 
-def _is_range(pair: object) -> bool:
-    return (
-        isinstance(pair, list)
-        and len(pair) == 2
-        and all(type(value) is int for value in pair)
-        and 0 <= pair[0] < pair[1]
-    )
 
 
 def _merged(ranges: list[list[int]]) -> list[list[int]]:

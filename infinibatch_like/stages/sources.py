@@ -19,6 +19,7 @@ from .._core.rng import (
     read_mark,
     resolve_seed,
 )
+from .._core.schema import FieldSpec, Int
 from .._core.stage import Stage, skip_items
 
 _INDEXED = (list, tuple, range)
@@ -43,7 +44,7 @@ class NativeCheckpointableIterator(Stage[T]):
         ``len(iterable)`` first where the iterable has a length).
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {"consumed": int}
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {"consumed": Int(0)}
 
     def __init__(self, iterable: Iterable[T]) -> None:
         if iter(iterable) is iterable:
@@ -70,8 +71,6 @@ class NativeCheckpointableIterator(Stage[T]):
 
     def _restore(self, state: State | None) -> None:
         consumed = 0 if state is None else state["consumed"]
-        if consumed < 0:
-            raise self.mismatch(f"'consumed' must be >= 0, got {consumed}")
         length = len(self._iterable) if isinstance(self._iterable, Sized) else -1
         if 0 <= length < consumed:
             raise self.mismatch(
@@ -162,7 +161,8 @@ class InfinitePermutationSourceIterator(Stage[T]):
         a restore from there is exhausted at once.
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+    _not_elastic = "it reads this rank's share of the chunks"
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {
         "seed": (int, str),
         "position": int,
         **MARK_FIELDS,
@@ -263,9 +263,9 @@ class RandomIterator(Stage[float]):
         2**24 words at C speed.
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {
         "seed": (int, str),
-        "count": int,
+        "count": Int(0),
         "generator": MARK_FIELDS["generator"],
     }
 

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import logging
-import math
-import numbers
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from fractions import Fraction
 from itertools import accumulate
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 from .._core.checks import require_checkpointable
 from .._core.protocol import CheckpointableIterator, State
@@ -23,6 +21,7 @@ from .._core.rng import (
     read_mark,
     resolve_seed,
 )
+from .._core.schema import Field, FieldSpec, Int, ListOf, Real, SchemaError
 from .._core.stage import Stage, fast_iterator, source_state
 
 T = TypeVar("T")
@@ -40,20 +39,31 @@ def checked_weights(owner: str, weights: object, count: int) -> list[float]:
             f"{owner}: weights must hold one weight per source ({count}), got {len(weights)}: "
             f"{list(weights)!r}"
         )
-    values = []
-    for index, weight in enumerate(weights):
-        if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
-            raise ValueError(f"{owner}: weights[{index}] must be a real number, got {weight!r}")
-        try:
-            value = float(weight)
-        except OverflowError:
-            value = math.inf
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"{owner}: weights[{index}] must be finite and >= 0, got {weight!r}")
-        values.append(value)
+    try:
+        for index, weight in enumerate(weights):
+            _WEIGHT.check(weight, f"weights[{index}]", None)
+    except SchemaError as error:
+        raise ValueError(f"{owner}: {error.path} {error.problem}") from None
+    values = [float(weight) for weight in weights]
     if not any(values):
         raise ValueError(f"{owner}: weights must not all be zero, got {list(weights)!r}")
     return values
+
+
+_WEIGHT = Real(0.0)
+
+
+def _per_source(stage: Any) -> int:
+    return len(stage._choices)
+
+
+class _Weights(Field):
+    """A state's weights: one per source of the stage, not all zero."""
+
+    def check(self, value: object, path: str, owner: Any) -> None:
+        ListOf(_WEIGHT, _per_source, "source").check(value, path, owner)
+        if not any(cast("list[float]", value)):
+            raise SchemaError(path, f"must not all be zero, got {value!r}")
 
 
 def _as_integers(weights: list[float]) -> list[int]:
@@ -112,14 +122,15 @@ class WeightedMultiplexIterator(Stage[T]):
         redraws at most 2**24 words at C speed and re-reads nothing.
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+    _not_elastic = "its schedule belongs to this rank's sources"
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {
         "sources": list,
-        "weights": list,
-        "initial_weights": list,
+        "weights": _Weights(),
+        "initial_weights": _Weights(),
         "seed": (int, str),
         **MARK_FIELDS,
-        "counts": list,
-        "active": list,
+        "counts": ListOf(Int(0), _per_source, "source"),
+        "active": ListOf(bool, _per_source, "source"),
         "ended": bool,
     }
 
@@ -189,21 +200,9 @@ class WeightedMultiplexIterator(Stage[T]):
             self._counts, self._active, self._ended = [0] * count, [True] * count, False
         else:
             self._seed = adopt_seed(self, self._seed, self._seed_drawn, state["seed"])
-            try:
-                weights = checked_weights("'weights'", state["weights"], count)
-                initial = checked_weights("'initial_weights'", state["initial_weights"], count)
-            except ValueError as error:
-                raise self.mismatch(str(error)) from None
+            weights = [float(weight) for weight in state["weights"]]
+            initial = [float(weight) for weight in state["initial_weights"]]
             counts, active = state["counts"], state["active"]
-            if not (
-                len(counts) == len(active) == count
-                and all(type(value) is int and value >= 0 for value in counts)
-                and all(type(value) is bool for value in active)
-            ):
-                raise self.mismatch(
-                    f"expected {count} 'counts' (ints >= 0) and 'active' (bools), got "
-                    f"{counts!r}, {active!r}"
-                )
             mark = read_mark(self, state["draws"], state["generator"])
             self._counts, self._active, self._ended = list(counts), list(active), state["ended"]
             self._weights = weights

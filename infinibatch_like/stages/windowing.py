@@ -9,6 +9,7 @@ from typing import ClassVar, TypeVar
 
 from .._core.checks import require_checkpointable, require_int
 from .._core.protocol import CheckpointableIterator, State
+from .._core.schema import FieldSpec, Int
 from .._core.stage import Stage, fast_iterator, source_state
 
 T = TypeVar("T")
@@ -27,9 +28,9 @@ class WindowedIterator(Stage[tuple[T, ...]]):
         and the state holds no items.
     """
 
-    _state_fields: ClassVar[dict[str, type | tuple[type, ...]]] = {
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {
         "source": dict,
-        "replay": int,
+        "replay": Int(0, below=lambda stage: 2 * stage._anchor_every),
     }
 
     def __init__(self, source_iterator: CheckpointableIterator[T], width: int) -> None:
@@ -55,8 +56,6 @@ class WindowedIterator(Stage[tuple[T, ...]]):
         self.restore_source(self._source, None if state is None else state["source"])
         anchor = source_state(self._source)
         replay = 0 if state is None else state["replay"]
-        if not 0 <= replay < 2 * self._anchor_every:
-            raise self.mismatch(f"'replay' must be in [0, {2 * self._anchor_every}), got {replay}")
         # Positions count items read since the anchor this state was restored from.
         self._latest = self._previous = (0, anchor)
         self._read = replay

@@ -57,6 +57,9 @@ class StageStats(TypedDict):
     yet taken over its `buffer_size` (at most 1); a parallel map's tasks in flight over
     `tasks_in_flight`; a chunk read-ahead's collections read and waiting over
     `read_ahead`. For a stage in a worker process, as that worker last sent it."""
+    unit: str
+    """What the stage's workers take up and `in_flight` counts: ``"items"``, or
+    ``"chunks"`` for a chunk read-ahead (whose workers are readers)."""
     in_flight: int | None
     """A prefetcher's items produced by its worker and not yet taken by the consumer (in
     its queue, a worker process's outbox and pipe, the rest of the batch being taken); a
@@ -182,12 +185,8 @@ def _sources_run_in(
 ) -> str:
     """Where the items of the sources of `stage` (at `path`, running in `runs_in`) are
     pulled: a prefetcher's worker thread or process, else where `stage` runs."""
-    if not isinstance(stage, BackgroundStage) or probe is None or stage._runner.probe is not probe:
-        return runs_in
-    if type(stage).__name__ == "ParallelMapIterator":
-        return runs_in  # the consumer dispatches the source's items itself
-    kind = "process" if getattr(stage._runner, "mode", "thread") == "process" else "thread"
-    return f"worker {kind} of {path}"
+    where = stage._source_pulled_in(probe) if isinstance(stage, BackgroundStage) else None
+    return runs_in if probe is None or where is None else f"worker {where} of {path}"
 
 
 def _entry(
@@ -214,6 +213,7 @@ def _entry(
         "worker_busy_s": None,
         "workers": None,
         "queue_fill": None,
+        "unit": "items",
         "in_flight": None,
         "work_s": 0.0,
         "share": 0.0,
@@ -229,6 +229,7 @@ def _entry(
     gauges = current_gauges(stage)
     if probe is not None and gauges is not None:
         entry["queue_fill"], entry["in_flight"] = gauges.queue_fill, gauges.in_flight
+        entry["unit"] = gauges.unit
         if gauges.workers is not None:
             entry["workers"] = gauges.workers
             entry["worker_busy_s"] = probe.worker_busy_s + gauges.busy_s

@@ -43,10 +43,6 @@ def render(entries: list[StageStats]) -> str:
     return "\n".join(lines)
 
 
-_CHUNKS = ("SelectManyIterator",)
-"""Stages whose workers read chunks (collections), not items."""
-
-
 def _line(entry: StageStats, copies: int) -> str:
     indent = "   " * entry["depth"] + ("└─ " if entry["depth"] else "")
     name = f"{indent}{entry['stage']}" + (f" x{copies}" if copies > 1 else "")
@@ -60,7 +56,7 @@ def _line(entry: StageStats, copies: int) -> str:
             f"  waiting for other ranks {entry['collective_s']:.3f} s (mostly rank "
             f"{entry['slowest_rank']})"
         )
-    reads_chunks = entry["stage"] in _CHUNKS
+    reads_chunks = entry["unit"] == "chunks"
     if entry["workers"]:
         who = "readers" if reads_chunks else "workers"
         text += f"  {who} busy {entry['worker_busy_s'] or 0.0:.3f} s over {entry['workers']}"

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from .._core.checks import require_callable, require_int
 from .._core.extras import missing_extra
 from .._core.protocol import CheckpointableIterator, State, StateMismatchError
+from .._core.schema import FieldSpec, Int, SchemaError, check_fields
 
 try:
     import torch.utils.data
@@ -23,7 +24,8 @@ PipelineFactory = Callable[[int, int], CheckpointableIterator[T_co]]
 
 KIND = "CheckpointableDataset"
 """The ``"kind"`` of `CheckpointableDataset` states."""
-_STATE_KEYS = {"kind", "instance_rank", "num_instances", "pipeline"}
+_FIELDS: dict[str, FieldSpec] = {"instance_rank": Int(0), "num_instances": Int(1), "pipeline": dict}
+"""The fields of a `CheckpointableDataset` state besides its ``"kind"``."""
 
 _NO_PIPELINE_HERE = (
     "CheckpointableDataset.state_dict: no pipeline has been built in this process yet, so "
@@ -240,13 +242,8 @@ def checked_state(state: object) -> State:
         raise _mismatch(f"expected a dict, got {type(state).__name__}")
     if state.get("kind") != KIND:
         raise _mismatch(f"expected a state of {KIND}, got one of kind {state.get('kind')!r}")
-    missing = sorted(_STATE_KEYS - set(state))
-    if missing:
-        raise _mismatch(f"the state is missing {missing}")
-    state = {key: state[key] for key in _STATE_KEYS}  # keys that the caller added are ignored
-    for key in ("instance_rank", "num_instances"):
-        if isinstance(state[key], bool) or not isinstance(state[key], int):
-            raise _mismatch(f"state field {key!r} must be an int, got {state[key]!r}")
-    if not isinstance(state["pipeline"], dict):
-        raise _mismatch(f"state field 'pipeline' must be a dict, got {state['pipeline']!r}")
-    return state
+    try:
+        check_fields(_FIELDS, state, None)
+    except SchemaError as error:
+        raise _mismatch(str(error)) from None
+    return {"kind": KIND, **{key: state[key] for key in _FIELDS}}  # keys added are ignored

@@ -21,7 +21,8 @@ from typing import Any
 
 from .._core.checks import require_int
 from .._core.protocol import State, StateMismatchError
-from ..distributed.elastic import Pooling, redistributed_state, why_not_elastic
+from .._core.regroup import Pooling
+from ..distributed.elastic import redistributed_state
 from .dataset import KIND, checked_state, reader_identity
 
 # The keys of torchdata 0.11's StatefulDataLoader states.
@@ -100,11 +101,11 @@ def resize_loader_state(
     readers = _readers(old)
     readers_now = max(num_workers, 1)
 
-    def refuse(stage: str) -> ValueError:
+    def refuse(stage: str, why: str) -> ValueError:
         return ValueError(
             f"{_OWNER}: the loader states hold {len(readers)} readers, the new loader has "
             f"{world_size * readers_now}, and {stage} cannot be elastic "
-            f"({why_not_elastic(stage)}); build each reader's pipeline as a ShardedIterator "
+            f"({why}); build each reader's pipeline as a ShardedIterator "
             "(e.g. functools.partial(ShardedIterator, shard_factory, num_shards)), or "
             "resume with the same numbers of ranks and workers"
         )

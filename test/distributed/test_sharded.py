@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import re
 import threading
 from collections import defaultdict
-from itertools import islice
-from typing import Any
+from itertools import islice, repeat
+from typing import Any, ClassVar
 
 import pytest
 from _profiles import examples
@@ -18,10 +19,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import infinibatch_like.iterators as it
-from infinibatch_like._core.protocol import GATHERED_FORMAT
+from infinibatch_like import StateMismatchError
+from infinibatch_like._core.protocol import GATHERED_FORMAT, State
+from infinibatch_like._core.regroup import Pooling
+from infinibatch_like._core.schema import FieldSpec
+from infinibatch_like._core.stage import Stage, fast_iterator, source_state
 from infinibatch_like.datasets import chunked_dataset_iterator
 from infinibatch_like.distributed import restore_state
-from infinibatch_like.distributed.elastic import elastic_state
+from infinibatch_like.distributed.elastic import elastic_state, redistributed_state, why_not_elastic
 from infinibatch_like.distributed.sharded import ShardedIterator, owned_shards
 from infinibatch_like.stages.sources import create_source_iterator
 from infinibatch_like.testing import assert_checkpointable
@@ -239,6 +244,65 @@ def test_restore_state_refuses_stages_that_cannot_be_elastic(
         restore_state(outer(ShardedIterator(factory, 4, 0, 1)), gathered)
 
 
+class Tagged(Stage[tuple[str, Any]]):
+    """A stage of a user's, ``(tag, item)`` for each item of its source, whose state is its
+    source's: it declares itself elastic around its ``"source"`` field."""
+
+    _state_fields: ClassVar[dict[str, FieldSpec]] = {"source": dict}
+    _source_field = "source"
+    _not_elastic = None
+
+    def __init__(self, source: it.CheckpointableIterator[Any], tag: str = "t") -> None:
+        self._source, self._tag = source, tag
+        self._sources = (source,)
+        self._restore(None)
+
+    def _state(self) -> State:
+        return {"source": source_state(self._source)}
+
+    def _restore(self, state: State | None) -> None:
+        self.restore_source(self._source, None if state is None else state["source"])
+        self._iterator = zip(repeat(self._tag), fast_iterator(self._source))
+
+
+class Cached(Tagged):
+    """The same, declaring why it cannot be elastic."""
+
+    _not_elastic = "its cache holds this rank's items"
+
+
+def test_a_stage_that_declares_itself_elastic_is_regrouped_through() -> None:
+    factory = finite_factory(CORPUS)
+    old = [Tagged(ShardedIterator(factory, 6, rank, 2)) for rank in range(2)]
+    taken = [item for pipeline in old for _, item in islice(pipeline, 7)]
+    states = [pipeline.getstate() for pipeline in old]
+    rest = []
+    for rank in range(3):
+        pipeline = Tagged(ShardedIterator(factory, 6, rank, 3))
+        pipeline.setstate(elastic_state(pipeline, states, rank, 3))
+        rest += [item for _, item in pipeline]
+    assert sorted(taken + rest) == sorted(flat(CORPUS))  # every item once, on one rank
+    gathered = {"format": GATHERED_FORMAT, "world_size": 2, "ranks": states}
+    single = Tagged(ShardedIterator(factory, 6, 0, 1))
+    restore_state(single, gathered)
+    assert sorted(taken + [item for _, item in single]) == sorted(flat(CORPUS))
+
+
+def test_a_stage_that_declares_why_it_is_not_elastic_is_refused_with_its_reason() -> None:
+    factory = finite_factory(CORPUS)
+    states = [Cached(ShardedIterator(factory, 4, rank, 2)).getstate() for rank in range(2)]
+    message = "and Cached cannot be elastic (its cache holds this rank's items)"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        elastic_state(Cached(ShardedIterator(factory, 4, 0, 1)), states, 0, 1)
+    pooling = Pooling("resize", "reader", lambda stage, why: ValueError(f"{stage}: {why}"))
+    with pytest.raises(ValueError, match=re.escape("Cached: its cache holds this rank's items")):
+        redistributed_state(states, 0, 1, pooling)  # from the states' tags alone
+    assert why_not_elastic("Cached") == "its cache holds this rank's items"
+    assert why_not_elastic("FixedBatchIterator") == "a batch in progress holds this rank's items"
+    default = "it is not a ShardedIterator, or a MapIterator over one"
+    assert why_not_elastic("NoSuchStage") == default
+
+
 def test_elastic_state_refuses_missing_duplicate_shards_and_another_num_shards() -> None:
     old = [ShardedIterator(endless_factory, 4, rank, 2) for rank in range(2)]
     states = [pipeline.getstate() for pipeline in old]
@@ -255,15 +319,27 @@ def test_damaged_shard_entries_are_refused_by_field() -> None:
     pipeline = ShardedIterator(endless_factory, 4, 0, 1)
     state = pipeline.getstate()
     state["shards"][1]["replay"] = "x"
-    with pytest.raises(ValueError, match="shard entry field 'replay' is 'x', expected int"):
+    with pytest.raises(
+        StateMismatchError,
+        match=r"ShardedIterator: state field 'shards\[1\]\.replay' has type str, expected int: 'x'",
+    ):
         pipeline.setstate(state)
     state = pipeline.getstate()
     del state["shards"][0]["ended"]
-    with pytest.raises(ValueError, match="a shard entry lacks the field 'ended'"):
+    with pytest.raises(
+        StateMismatchError, match=r"state field 'shards\[0\]' lacks the fields \['ended'\]"
+    ):
         pipeline.setstate(state)
     state = pipeline.getstate()
     state["shards"][2]["replay"] = 10**9
-    with pytest.raises(ValueError, match=r"expected 0 <= replay <= 100 .* got replay=1000000000"):
+    with pytest.raises(
+        StateMismatchError,
+        match=r"'shards\[2\]\.replay' must be between 0 and snapshot_every=100, got 1000000000",
+    ):
+        pipeline.setstate(state)
+    state = pipeline.getstate()
+    state["shards"][3]["delivered"] = -1
+    with pytest.raises(StateMismatchError, match=r"'shards\[3\]\.delivered' must be >= 0, got -1"):
         pipeline.setstate(state)
 
 

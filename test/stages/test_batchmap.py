@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import infinibatch_like.iterators as it
+from infinibatch_like import StateMismatchError
 from infinibatch_like.testing import assert_checkpointable, check_resume
 
 METHODS = multiprocessing.get_all_start_methods()
@@ -106,8 +107,8 @@ def test_argument_and_state_errors() -> None:
         it.BatchMapIterator(native(3), 5, 2)  # type: ignore[arg-type]
     pipeline = it.BatchMapIterator(native(9), square_each, 3)
     state = pipeline.getstate()
-    with pytest.raises(ValueError, match=r"BatchMapIterator: the state's offset must be >= 0 and < "
-                       r"batch_size \(3\), got 1000000000"):
+    with pytest.raises(StateMismatchError, match=r"BatchMapIterator: state field 'offset' must be "
+                       r">= 0 and < batch_size=3, got 1000000000"):
         pipeline.setstate({**state, "offset": 10**9})
     with pytest.raises(ValueError, match="batch_size"):
         it.BatchMapIterator(native(9), square_each, 4).setstate(state)

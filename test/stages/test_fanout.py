@@ -229,7 +229,18 @@ def test_a_state_replaying_more_than_any_state_holds_is_refused() -> None:
     with pytest.raises(StateMismatchError, match=r"more than snapshot_every \+ \(max_lag"):
         FanOut(upstream(), 2, snapshot_every=5).setstate(state)
     state["taken"] = [1, 2, 3]
-    with pytest.raises(StateMismatchError, match="3 positions"):
+    with pytest.raises(
+        StateMismatchError,
+        match=r"state field 'taken' holds 3 items, expected 2 \(one per consumer\)",
+    ):
+        FanOut(upstream(), 2, snapshot_every=5).setstate(state)
+    state["taken"] = [1, -1]
+    with pytest.raises(StateMismatchError, match=r"state field 'taken\[1\]' must be >= 0, got -1"):
+        FanOut(upstream(), 2, snapshot_every=5).setstate(state)
+    state["taken"], state["closed"] = [1, 1], [False, 0]
+    with pytest.raises(
+        StateMismatchError, match=r"state field 'closed\[1\]' has type int, expected bool"
+    ):
         FanOut(upstream(), 2, snapshot_every=5).setstate(state)
 
 

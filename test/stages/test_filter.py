@@ -4,6 +4,7 @@ predicate's error names the stage, and a restore re-attempts the item it failed 
 from __future__ import annotations
 
 import json
+from itertools import islice
 from typing import Any
 
 import pytest
@@ -12,6 +13,8 @@ from hypothesis import strategies as st
 
 import infinibatch_like.iterators as it
 from infinibatch_like import FilterIterator
+from infinibatch_like.distributed import ShardedIterator
+from infinibatch_like.distributed.elastic import elastic_state
 from infinibatch_like.testing import check_resume
 
 
@@ -111,3 +114,19 @@ def test_a_builtin_predicate_error_below_a_map_names_the_filter() -> None:
 def test_arguments_are_checked(arguments: tuple[Any, ...], error: type, message: str) -> None:
     with pytest.raises(error, match=f"^{message}$"):
         FilterIterator(*arguments)
+
+
+def shard_numbers(shard: int, num_shards: int) -> it.NativeCheckpointableIterator[int]:
+    return it.NativeCheckpointableIterator(list(range(shard, 60, num_shards)))
+
+
+def test_above_a_sharded_iterator_it_resumes_on_another_number_of_ranks() -> None:
+    old = [FilterIterator(ShardedIterator(shard_numbers, 6, rank, 2), is_even) for rank in range(2)]
+    taken = [item for pipeline in old for item in islice(pipeline, 5)]
+    states = [pipeline.getstate() for pipeline in old]
+    rest = []
+    for rank in range(3):
+        pipeline = FilterIterator(ShardedIterator(shard_numbers, 6, rank, 3), is_even)
+        pipeline.setstate(elastic_state(pipeline, states, rank, 3))
+        rest += list(pipeline)
+    assert sorted(taken + rest) == list(range(0, 60, 2))  # every kept item once

@@ -375,11 +375,23 @@ def test_damaged_states_are_refused_naming_the_field() -> None:
     list(islice(pipeline, 20))
     state = pipeline.getstate()
     cases = {
-        "fills": ({"fills": [16]}, "'fills' must hold at most 3 ints in [1, 15]"),
-        "ages": ({"ages": [99] * len(state["fills"])}, "'ages' must hold"),
-        "read": ({"read": 10**12}, "0 <= read <="),
+        "fills": ({"fills": [16]}, "state field 'fills[0]' must be between 1 and seq_len - 1=15, "
+                  "got 16"),
+        "ages": ({"ages": [99] * len(state["fills"])}, "state field 'ages[0]' must be between 0 "
+                 "and 12, got 99"),
+        "read": ({"read": 10**12}, "state field 'read' must be <= "),
         "yielded": ({"yielded": state["yielded"] + 5000}, "the checkpoint skips"),
     }
+    more = {
+        "fills": ({"fills": [1, 2, 3, 4]}, "state field 'fills' holds 4 items, expected at most 3"),
+        "ages": ({"ages": [0] * (len(state["fills"]) + 1)}, "state field 'ages' holds "
+                 f"{len(state['fills']) + 1} items, expected {len(state['fills'])} (one per fill)"),
+        "yielded": ({"yielded": 2**20 + 1}, "state field 'yielded' must be between 0 and 1048576"),
+    }
+    for field, (change, message) in more.items():
+        with pytest.raises(StateMismatchError, match=re_escaped(message)):
+            packer(docs, 16, strategy="best_fit", window=3).setstate({**state, **change})
+        assert field in change
     for field, (change, message) in cases.items():
         with pytest.raises(StateMismatchError, match=re_escaped(message)):
             packer(docs, 16, strategy="best_fit", window=3).setstate({**state, **change})

@@ -259,8 +259,8 @@ def test_a_state_of_another_stream_is_refused_naming_the_argument(
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"position": 10}, "epoch 0 and position 10 do not fit 10 items"),
-        ({"epoch_number": -1}, "epoch -1 and position 1 do not fit 10 items"),
+        ({"position": 10}, "state field 'position' must be >= 0 and < num_items=10, got 10"),
+        ({"epoch_number": -1}, "state field 'epoch_number' must be >= 0, got -1"),
         ({"position": 2}, "position 2 does not fit rank 1 of 2"),
         ({"epoch_number": 3}, "position 31 is past the end of the stream"),
     ],

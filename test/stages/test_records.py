@@ -216,7 +216,8 @@ def test_on_error_may_change_at_a_restart_and_damaged_ledgers_are_refused() -> N
     assert skipping.skip_ledger.last[0]["position"] == 2  # counted from the restore point
     damaged = skipping.getstate()
     damaged["skips"]["last"][0]["position"] = "two"
-    with pytest.raises(StateMismatchError, match=r"MapIterator.*'skips' has a bad 'last'"):
+    with pytest.raises(StateMismatchError, match=r"MapIterator: state field "
+                       r"'skips\.last\[0\]\.position' has type str, expected int: 'two'"):
         it.MapIterator(it.NativeCheckpointableIterator(source), Parse({5}),
                        on_error=SkipPolicy(1)).setstate(damaged)
     damaged = skipping.getstate()
@@ -548,10 +549,13 @@ def test_on_error_skip_is_the_default_policy_of_ten_in_ten_thousand() -> None:
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("seen", -1, r"state field 'skips' holds bad counts \[-1, 0, 1, 1, 0\]"),
-        ("records", "1", "state field 'skips' holds bad counts"),
-        ("per_chunk", [["a"]], r"'skips' has a bad 'per_chunk' \(expected \[\[str, int\]\]\)"),
-        ("last", {}, r"'skips' has a bad 'last' \(expected ledger entries\)"),
+        ("seen", -1, r"state field 'skips\.seen' must be >= 0, got -1"),
+        ("records", "1", r"state field 'skips\.records' has type str, expected int: '1'"),
+        ("per_chunk", [["a"]], r"state field 'skips\.per_chunk\[0\]' must be a list of 2 items, "
+                               r"got \['a'\]"),
+        ("per_chunk", [["a", "b"]], r"state field 'skips\.per_chunk\[0\]\[1\]' has type str"),
+        ("last", {}, r"state field 'skips\.last' must be a list, got dict"),
+        ("last", [{"kind": "record"}], r"'skips\.last\[0\]' lacks the fields \['in_stage', "),
     ],
 )
 def test_damaged_ledgers_are_refused_naming_the_stage(

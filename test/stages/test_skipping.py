@@ -154,9 +154,11 @@ def test_bad_ranges_are_refused(call: Any, error: type, message: str) -> None:
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("pending", [[5, 3]], "state field 'pending' must hold ranges"),
-        ("done", [[1]], "state field 'done' must hold ranges"),
-        ("position", -3, "position and skipped must be >= 0, got -3, 0"),
+        ("pending", [[5, 3]], r"state field 'pending\[0\]' must be a range \[start, stop\] with "
+                              r"0 <= start < stop, got \[5, 3\]"),
+        ("done", [[1]], r"state field 'done\[0\]' must be a range"),
+        ("position", -3, "state field 'position' must be >= 0, got -3"),
+        ("skipped", -1, "state field 'skipped' must be >= 0, got -1"),
     ],
 )
 def test_damaged_skip_states_are_refused(field: str, value: Any, message: str) -> None:

@@ -283,10 +283,14 @@ def test_restore_refuses_foreign_weights_and_seeds() -> None:
     next(pipeline)
     state = pipeline.getstate()
     for key, value, message in [
-        ("weights", [1.0], "one weight per source"),
-        ("weights", [-1.0, 1.0], "weights[0] must be finite and >= 0"),
-        ("counts", [1, -2], "'counts'"),
-        ("active", [True], "'active'"),
+        ("weights", [1.0], "state field 'weights' holds 1 items, expected 2 (one per source)"),
+        ("weights", [-1.0, 1.0], "state field 'weights[0]' must be finite and >= 0, got -1.0"),
+        ("weights", [0.0, 0], "state field 'weights' must not all be zero, got [0.0, 0]"),
+        ("initial_weights", [1, "2"], "'initial_weights[1]' must be a real number, got '2'"),
+        ("counts", [1, -2], "state field 'counts[1]' must be >= 0, got -2"),
+        ("counts", [1, True], "state field 'counts[1]' has type bool, expected int"),
+        ("active", [True], "state field 'active' holds 1 items, expected 2 (one per source)"),
+        ("active", [True, 1], "state field 'active[1]' has type int, expected bool"),
         ("seed", 5, "seed 5"),
     ]:
         with pytest.raises(StateMismatchError, match=re.escape(message)):

@@ -348,7 +348,8 @@ def test_keys_added_to_a_dataset_state_by_the_caller_are_ignored() -> None:
     [
         ([1], "expected a dict, got list"),
         ({"stage": "FixedBatchIterator"}, "expected a state of CheckpointableDataset"),
-        ({"kind": "CheckpointableDataset", "pipeline": {}}, "missing.*instance_rank"),
+        ({"kind": "CheckpointableDataset", "pipeline": {}},
+         r"the state lacks the fields \['instance_rank', 'num_instances'\]"),
         (
             {
                 "kind": "CheckpointableDataset",
@@ -356,7 +357,7 @@ def test_keys_added_to_a_dataset_state_by_the_caller_are_ignored() -> None:
                 "num_instances": 1,
                 "pipeline": {},
             },
-            "'instance_rank' must be an int",
+            "state field 'instance_rank' has type str, expected int: '0'",
         ),
         (
             {
@@ -365,7 +366,16 @@ def test_keys_added_to_a_dataset_state_by_the_caller_are_ignored() -> None:
                 "num_instances": 1,
                 "pipeline": None,
             },
-            "'pipeline' must be a dict",
+            "state field 'pipeline' has type NoneType, expected dict: None",
+        ),
+        (
+            {
+                "kind": "CheckpointableDataset",
+                "instance_rank": 0,
+                "num_instances": 0,
+                "pipeline": {},
+            },
+            "state field 'num_instances' must be >= 1, got 0",
         ),
     ],
 )
