@@ -168,19 +168,19 @@ def test_state_with_wrong_field_type_is_refused() -> None:
 @pytest.mark.parametrize(
     ("build", "field", "value", "message"),
     [
-        (native, "consumed", -1, "NativeCheckpointableIterator: state field 'consumed' must be "
-         ">= 0, got -1"),
-        (lambda: it.SelectManyIterator(native()), "consumed", -2, "SelectManyIterator: state "
+        (lambda: native(10), "consumed", -1, "NativeCheckpointableIterator: state field "
+         "'consumed' must be >= 0, got -1"),
+        (lambda: it.SelectManyIterator(native(10)), "consumed", -2, "SelectManyIterator: state "
          "field 'consumed' must be >= 0, got -2"),
-        (lambda: it.WindowedIterator(native(), 2), "replay", 128, "WindowedIterator: state field "
+        (lambda: it.WindowedIterator(native(10), 2), "replay", 128, "WindowedIterator: state field "
          "'replay' must be >= 0 and < 128, got 128"),
-        (lambda: it.BufferedShuffleIterator(native(), 4), "draws", -1, "BufferedShuffleIterator: "
+        (lambda: it.BufferedShuffleIterator(native(10), 4), "draws", -1, "BufferedShuffleIterator: "
          "state field 'draws' must be >= 0, got -1"),
         (lambda: it.RandomIterator(seed=1), "count", -1, "RandomIterator: state field 'count' "
          "must be >= 0, got -1"),
-        (lambda: it.BucketedReadaheadBatchIterator(native(), 4, None, 2), "emitted", 5,
+        (lambda: it.BucketedReadaheadBatchIterator(native(10), 4, None, 2), "emitted", 5,
          "BucketedReadaheadBatchIterator: state field 'emitted' must be between 0 and 4, got 5"),
-        (lambda: it.PrefetchIterator(native(), 2, mode="thread", snapshot_every=3), "replay", 4,
+        (lambda: it.PrefetchIterator(native(10), 2, mode="thread", snapshot_every=3), "replay", 4,
          "PrefetchIterator: state field 'replay' must be between 0 and snapshot_every=3, got 4; "
          "if the state came from a stage built with a larger snapshot_every, build this one "
          "with it too"),
