@@ -18,6 +18,7 @@ import os
 import queue
 import select
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from multiprocessing.context import BaseContext
@@ -236,7 +237,9 @@ def worker_setup(
     """What a worker process does first: set its garbage `collector` (`set_worker_gc`, as
     the consumer had it when it started the worker), leave Ctrl-C to its consumer, run
     `on_exit` then exit at once on SIGTERM or when `parent` is gone (checked every
-    `PARENT_CHECK_S`), and answer requests for its stacks (`stacks.STACKS_SIGNAL`, e.g.
+    `PARENT_CHECK_S`), run torch's operations on one thread where torch is imported (as
+    DataLoader workers do; GNU OpenMP hangs in a forked child whose parent has run its
+    threads), and answer requests for its stacks (`stacks.STACKS_SIGNAL`, e.g.
     from a `Watchdog`) in the consumer's private directory `answers`
     (`stacks.answers_dir`).
 
@@ -245,6 +248,9 @@ def worker_setup(
     the main thread, and only once that thread returns from what blocks it (e.g. writing
     a result to a full pipe), which a signal taken by another thread does not interrupt."""
     worker_gc.apply(collector)
+    torch = sys.modules.get("torch")
+    if torch is not None:  # as DataLoader workers: one thread for torch's operations, which
+        torch.set_num_threads(1)  # a fork of a process that ran its OpenMP threads needs
     stacks.use_answers_dir(answers)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     wakeup_reader, wakeup_writer = os.pipe()

@@ -585,3 +585,46 @@ def test_where_processes_are_refused_workers_run_in_threads_with_one_warning(
     assert len(warnings) == 1, warnings
     assert "threads instead" in warnings[0]
     assert not children()
+
+
+_TORCH_AFTER_THE_CONSUMER_USED_IT = """
+import sys
+sys.path.insert(0, {repo!r})
+import torch
+import infinibatch_like.iterators as it
+
+assert torch.get_num_threads() > 1, torch.get_num_threads()
+torch.full((1 << 22,), 1.0).sum()  # the consumer's OpenMP threads have run
+
+
+def tensor(i):
+    return torch.full((1 << 18,), float(i))  # a parallel fill in the forked worker
+
+
+source = it.MapIterator(it.NativeCheckpointableIterator(list(range(8))), tensor)
+with it.{stage} as pipeline:
+    assert [float(t[0]) for t in pipeline] == [float(i) for i in range(8)]
+print("ok")
+"""
+
+
+@pytest.mark.parametrize(
+    "stage",
+    [
+        'PrefetchIterator(source, 4, mode="process", start_method="fork")',
+        'ParallelMapIterator(it.NativeCheckpointableIterator(list(range(8))), tensor, 2, 4, '
+        'start_method="fork")',
+    ],
+    ids=["prefetch", "parallel_map"],
+)
+def test_forked_workers_run_torch_after_the_consumer_ran_parallel_torch_ops(stage: str) -> None:
+    # GNU OpenMP is not fork-safe: a forked child whose parent has run a parallel region
+    # waits forever at its first one, unless it runs them on one thread
+    code = _TORCH_AFTER_THE_CONSUMER_USED_IT.format(repo=REPO, stage=stage)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("a forked worker hung in its first parallel torch operation")
+    assert result.stdout.strip() == "ok", result.stderr
