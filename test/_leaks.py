@@ -22,6 +22,15 @@ def open_fds() -> int:
     return len(_own_fds())
 
 
+def fd_targets() -> dict[str, str]:
+    """This process's descriptors (as `open_fds` counts them) and what each is open on."""
+    targets = {}
+    for fd in _own_fds():
+        with contextlib.suppress(OSError):  # closed meanwhile
+            targets[fd] = os.readlink(f"/proc/self/fd/{fd}")
+    return targets
+
+
 def open_pipes() -> int:
     """The pipes among this process's descriptors (what background workers use)."""
     targets = []

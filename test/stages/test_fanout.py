@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _leaks import open_fds
+from _leaks import fd_targets, open_fds
 from _profiles import examples
 from _waiting import HANG, wait_until
 from hypothesis import given, settings
@@ -522,7 +522,7 @@ def test_attaching_a_taken_consumer_is_refused_and_the_owner_closes_cleanly(
     tmp_path: Path,
 ) -> None:
     gc.collect()  # what earlier tests left to the collector goes now, not mid-test
-    fds = open_fds()
+    fds = fd_targets()
     fan = FanOut(upstream(30), 2)
     address = fan.serve(str(tmp_path / "fan.sock"))
     local = fan.consumer(0)
@@ -536,7 +536,7 @@ def test_attaching_a_taken_consumer_is_refused_and_the_owner_closes_cleanly(
     with pytest.raises((WorkerError, RuntimeError)):
         next(remote)
     remote.close()
-    assert open_fds() == fds
+    assert fd_targets() == fds
     assert not Path(address).exists()
 
 
