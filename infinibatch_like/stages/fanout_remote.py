@@ -146,9 +146,13 @@ class RemoteConsumer(FanOutStage[T], Generic[T]):
         self._index, self._prefetch = index, prefetch
         self._connection = connection = _Connection(address, index, timeout)
         self._final: State | None = None
-        self._count, self._mode, connection.owner_pid, connection.shared_prefix = (
-            connection.call(("attach", index, os.getpid()))
-        )
+        try:
+            self._count, self._mode, connection.owner_pid, connection.shared_prefix = (
+                connection.call(("attach", index, os.getpid()))
+            )
+        except BaseException:  # refused: its socket is closed now, not when collected
+            connection.close()
+            raise
         self._iterator = _Remote(connection, prefetch)
 
     def _held(self) -> int:

@@ -518,6 +518,21 @@ def test_attach_without_an_owner_times_out_naming_the_address(tmp_path: Path) ->
         attach(address, 0, timeout=0.3)
 
 
+def test_a_refused_attach_closes_its_connection_at_once(tmp_path: Path) -> None:
+    gc.collect()  # what earlier tests left to the collector goes now, not mid-test
+    fds = fd_targets()
+    fan = FanOut(upstream(30), 2)
+    address = fan.serve(str(tmp_path / "fan.sock"))
+    local = fan.consumer(0)
+    with pytest.raises(ValueError, match="consumer 0 is already taken") as refused:
+        attach(address, 0, timeout=5)
+    assert next(local) == 0
+    fan.close()  # the owner's side of every connection is closed
+    # the error, its traceback and the frames in it are still alive: no collector has run
+    assert refused.value.__traceback__ is not None
+    assert fd_targets() == fds
+
+
 def test_attaching_a_taken_consumer_is_refused_and_the_owner_closes_cleanly(
     tmp_path: Path,
 ) -> None:
