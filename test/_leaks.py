@@ -33,11 +33,7 @@ def fd_targets() -> dict[str, str]:
 
 def open_pipes() -> int:
     """The pipes among this process's descriptors (what background workers use)."""
-    targets = []
-    for fd in _own_fds():
-        with contextlib.suppress(OSError):  # closed meanwhile
-            targets.append(os.readlink(f"/proc/self/fd/{fd}"))
-    return sum(target.startswith("pipe:") for target in targets)
+    return sum(target.startswith("pipe:") for target in fd_targets().values())
 
 
 def children() -> list[Any]:

@@ -24,6 +24,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
 
+from infinibatch_like.io import RetryPolicy
+
+FAST = RetryPolicy(tries=4, first_delay=0.01, max_delay=0.05)
+"""Retries quick enough for tests of faults injected by the proxies."""
+
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",

@@ -22,7 +22,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 from _profiles import examples
-from _s3 import FaultyProxy
+from _s3 import FAST, FaultyProxy
 from conftest import S3Bucket
 from fsspec.implementations.memory import MemoryFileSystem
 from hypothesis import given, settings
@@ -33,7 +33,6 @@ from infinibatch_like.io import (
     ChunkFormatError,
     ChunkNotFoundError,
     ChunkReadError,
-    RetryPolicy,
     TableChunk,
     list_arrow_chunks,
     list_parquet_chunks,
@@ -45,7 +44,6 @@ from infinibatch_like.prepare.balancing import balanced_shards
 from infinibatch_like.stages.bad_records import SkipPolicy
 from infinibatch_like.testing import assert_checkpointable, check_resume
 
-FAST = RetryPolicy(tries=4, first_delay=0.01, max_delay=0.05)
 GROUP = 50
 
 

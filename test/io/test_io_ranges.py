@@ -17,7 +17,7 @@ from typing import BinaryIO, cast
 
 import pytest
 from _profiles import examples
-from _s3 import FaultyProxy
+from _s3 import FAST, FaultyProxy
 from _throttle import ThrottlingProxy
 from _waiting import wait_until
 from conftest import S3Bucket
@@ -35,9 +35,6 @@ from infinibatch_like.io import (
 )
 from infinibatch_like.io._cancellable import LoopFetch, RequestCancelled
 from infinibatch_like.io._ranges import THREAD_NAME, RangeReader
-
-FAST = RetryPolicy(tries=4, first_delay=0.01, max_delay=0.05)
-
 
 pytestmark = pytest.mark.usefixtures("fresh_storage_counts")
 

@@ -13,7 +13,7 @@ import urllib.request
 from itertools import islice
 
 import pytest
-from _s3 import FaultyProxy
+from _s3 import FAST, FaultyProxy
 from conftest import S3Bucket
 
 from infinibatch_like.datasets import chunked_dataset_iterator
@@ -23,7 +23,6 @@ from infinibatch_like.io import (
     ChunkNotFoundError,
     ChunkReadError,
     Record,
-    RetryPolicy,
     list_chunks,
     open_chunk,
     open_output,
@@ -34,9 +33,6 @@ from infinibatch_like.io import (
     retry_counts,
     write_records,
 )
-
-FAST = RetryPolicy(tries=4, first_delay=0.01, max_delay=0.05)
-
 
 pytestmark = pytest.mark.usefixtures("fresh_storage_counts")
 
