@@ -5,8 +5,10 @@
 
 The pipeline is P1 of ``bench_pipeline.py`` (chunked gzip text, shuffle buffer, tokenized,
 bucketed batches of about 2048 tokens) over the bench corpus. Every scenario consumes N
-batches per consumer; the CPU time counted is this process's, plus its children's
-(the loops of consumer processes) where there are some:
+batches per consumer, each batch used and dropped as a training loop does (its digest,
+for the checks, is taken on arrival and its CPU not counted); the CPU time counted is
+this process's, plus its children's (the loops of consumer processes) where there are
+some:
 
 - ``one pipeline``: one consumer, one pipeline (the unit of the ratios);
 - ``K independent pipelines``: what K consumers cost without a fan-out (about K x);
@@ -80,61 +82,69 @@ def batch_digest(batch: Any) -> bytes:
     return bench_pipeline.batch_digest(batch)
 
 
-Run = tuple[list[list[Any]], float]
-"""What a scenario returns: each consumer's batches (or their digests, from consumer
-processes), and the CPU seconds its consumer processes spent taking them."""
+Run = tuple[list[list[bytes]], float, float]
+"""What a scenario returns: each consumer's digests, the CPU seconds its consumer
+processes spent taking their batches, and the CPU seconds this process spent on digests."""
 
 
 def measure(action: Callable[[], Run]) -> tuple[float, float, list[list[bytes]]]:
     """(CPU s, wall s, each consumer's digests) of `action`: the CPU of this process and
-    of the consumer processes' loops (their start-up and digests are not counted, as the
-    consumers' own digests in this process are computed after the clock stops)."""
+    of the consumer processes' loops (their start-up and digests not counted)."""
     gc.collect()  # what an earlier scenario left is not this one's cost
     cpu, wall = time.process_time(), time.perf_counter()
-    batches, children = action()
-    spent, elapsed = time.process_time() - cpu + children, time.perf_counter() - wall
-    digests = [[d if isinstance(d, bytes) else batch_digest(d) for d in got] for got in batches]
-    return spent, elapsed, digests
+    digests, children, digesting = action()
+    spent = time.process_time() - cpu + children - digesting
+    return spent, time.perf_counter() - wall, digests
 
 
-def take(iterator: Any, batches: int) -> list[Any]:
-    return [next(iterator) for _ in range(batches)]
+def take(iterator: Any, batches: int) -> tuple[list[bytes], float]:
+    """The digests of the next `batches` batches, each dropped once digested, and the CPU
+    seconds (of this thread) the digests took."""
+    digests, digesting = [], 0.0
+    for _ in range(batches):
+        batch = next(iterator)
+        start = time.thread_time()
+        digests.append(batch_digest(batch))
+        digesting += time.thread_time() - start
+    return digests, digesting
 
 
 def one_pipeline(lib: _util.Library, chunks: list[str], batches: int) -> Run:
     single = pipeline(lib, chunks)
-    got = take(single, batches)
+    digests, digesting = take(single, batches)
     single.close()
-    return [got], 0.0
+    return [digests], 0.0, digesting
 
 
 def independent(lib: _util.Library, chunks: list[str], batches: int, consumers: int) -> Run:
-    return [one_pipeline(lib, chunks, batches)[0][0] for _ in range(consumers)], 0.0
+    runs = [one_pipeline(lib, chunks, batches) for _ in range(consumers)]
+    return [run[0][0] for run in runs], 0.0, sum(run[2] for run in runs)
 
 
 def fan_out_threads(lib: _util.Library, chunks: list[str], batches: int, consumers: int) -> Run:
     with FanOut(pipeline(lib, chunks), consumers, max_lag=16) as fan:
         readers = [fan.consumer(i) for i in range(consumers)]
-        out: list[list[Any]] = [[] for _ in readers]
-        threads = [
-            threading.Thread(target=lambda i=i: out[i].extend(take(readers[i], batches)))
-            for i in range(consumers)
-        ]
+        out: list[tuple[list[bytes], float]] = [([], 0.0)] * consumers
+
+        def read(i: int) -> None:
+            out[i] = take(readers[i], batches)
+
+        threads = [threading.Thread(target=read, args=(i,)) for i in range(consumers)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-    return out, 0.0
+    return [digests for digests, _ in out], 0.0, sum(digesting for _, digesting in out)
 
 
 def consumer_process(address: str, index: int, batches: int, results: Any) -> None:
     gc.freeze()  # as the library's own workers do: collections skip what fork inherited
     consumer = attach(address, index, timeout=60, prefetch=PREFETCH)
     cpu = time.process_time()
-    got = take(consumer, batches)
-    cpu = time.process_time() - cpu
+    digests, digesting = take(consumer, batches)
+    cpu = time.process_time() - cpu - digesting
     consumer.close()
-    results.send(([batch_digest(batch) for batch in got], cpu))
+    results.send((digests, cpu))
     results.close()
 
 
@@ -161,7 +171,7 @@ def fan_out_processes(
         results = [reader.recv() for reader, _ in pipes]
         for process in processes:
             process.join()
-    return [digests for digests, _ in results], sum(cpu for _, cpu in results)
+    return [digests for digests, _ in results], sum(cpu for _, cpu in results), 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             wall[name].append(elapsed)
             digests[name] = got
 
-    reference = [batch_digest(batch) for batch in one_pipeline(lib, chunks, 2 * batches)[0][0]]
+    reference = one_pipeline(lib, chunks, 2 * batches)[0][0]
     exact = {
         name: all(got == reference[:batches] for got in digests[name])
         for name in scenarios

@@ -83,6 +83,9 @@ class Hub:
         """Items read from the upstream in all (replays after restores included)."""
         self.on_done: Callable[[], None] = self.close_all
         """What closes the fan-out (its owner's close)."""
+        self.on_change: Callable[[], None] | None = None
+        """Called, holding the lock, when waiting consumers may go on (a server that
+        answers remote consumers wakes up)."""
         self._reset(None, 0)
 
     # -- positions ---------------------------------------------------------------------
@@ -148,6 +151,19 @@ class Hub:
                     return None
                 self._wait(consumer, blocker, cancelled)
 
+    def check_waiting(self, consumer: int) -> None:
+        """For a consumer whose `take_at` (not waiting) found no item: raise if its wait
+        must end (as `take_at` would while waiting for a remote consumer)."""
+        with self.lock:
+            blocker = self._blocker(consumer)
+            if blocker is not None:
+                self._check_blocker(consumer, blocker, False)
+
+    def _notify(self) -> None:
+        self.lock.notify_all()
+        if self.on_change is not None:
+            self.on_change()
+
     def _window_end(self) -> int:
         """The last index that the buffer may hold now (`max_lag` items per consumer
         after the slowest one)."""
@@ -163,7 +179,7 @@ class Hub:
         self.last_thread[consumer] = threading.current_thread()
         self._trim()
         if slowest:  # the others may wait for it: they may be free to go now
-            self.lock.notify_all()
+            self._notify()
         return item
 
     def _wait(
@@ -228,7 +244,7 @@ class Hub:
         finally:
             self.lock.acquire()
             self.pulling = False
-            self.lock.notify_all()
+            self._notify()
         self.pulled += len(items)
         self.buffer.extend(items)
         self.head += len(items)
@@ -335,7 +351,7 @@ class Hub:
             self.lent = [0] * self.consumers
             self.last_taken = [time.monotonic()] * self.consumers
             self.last_thread = [None] * self.consumers
-            self.lock.notify_all()
+            self._notify()
 
     def restore_one(self, consumer: int, state: State | None) -> None:
         """Consumer `consumer` (reopened if it was closed) to its position in `state`
@@ -363,7 +379,7 @@ class Hub:
             self.lent[consumer] = 0
             self.last_taken[consumer] = time.monotonic()
             self._trim()
-            self.lock.notify_all()
+            self._notify()
 
     def _fits(self, index: int, taken: list[int], closed: list[bool]) -> bool:
         try:
@@ -405,14 +421,14 @@ class Hub:
         with self.lock:
             self.closed[consumer] = True
             self._trim()
-            self.lock.notify_all()
+            self._notify()
 
     def connected(self, consumer: int, live: bool) -> None:
         """A remote consumer attached (`live`) or lost its connection."""
         with self.lock:
             self.disconnected_since[consumer] = None if live else time.monotonic()
             self.last_taken[consumer] = time.monotonic()
-            self.lock.notify_all()
+            self._notify()
 
     def close_if_done(self) -> None:
         """Close the fan-out (`on_done`) once every consumer is closed."""
@@ -427,5 +443,5 @@ class Hub:
             self._quiesce()
             self.shut = True
             self.buffer.clear()
-            self.lock.notify_all()
+            self._notify()
         self.source.close()

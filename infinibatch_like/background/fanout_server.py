@@ -1,6 +1,13 @@
 """The owner's side of fan-out consumers in other processes: a `Server` answers, on a
 Unix socket, the consumers that attach to it (see `fanout_remote` for the protocol).
 
+One thread serves every connection, with non-blocking sockets (one thread, not one per
+consumer: threads that hand the interpreter over to each other at every message cost
+more CPU than the messages). It reads the upstream itself when a consumer needs an item
+that is not read yet; a request that must wait (its consumer `max_lag` items ahead, or
+another thread of the owner reading the upstream) is kept and answered once the hub
+says that the consumers moved (`Hub.on_change`).
+
 Each item is pickled once for every consumer, its large numpy arrays and CPU tensors
 put once into shared memory (`shm_broadcast`) that each consumer maps. A reply is kept,
 and its segments named, while a consumer may still take its item or has been sent it
@@ -12,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import select
+import selectors
 import socket
 import sys
 import threading
@@ -26,23 +33,9 @@ from .fanout_hub import NAME, Hub
 from .lifecycle import POLL_S, THREAD_STOP_S, Resource
 
 SEND_TIMEOUT_S = 60.0
-"""How long sending one message may block on a peer that does not read (seconds)."""
+"""How long a peer may leave a message unread before it is disconnected (seconds)."""
 
 _SERVERS: weakref.WeakSet[Server] = weakref.WeakSet()
-
-
-def _gone(sock: socket.socket) -> bool:
-    """Whether the peer of `sock` closed it (it sends nothing while it waits for a reply)."""
-    poller = select.poll()
-    poller.register(sock.fileno(), select.POLLIN | select.POLLHUP)
-    if not poller.poll(0):
-        return False
-    try:
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True
 
 
 class _Reply:
@@ -53,6 +46,28 @@ class _Reply:
 
     def __init__(self, data: bytes, names: list[str]) -> None:
         self.data, self.names, self.pending = data, names, 0
+
+
+class _Client:
+    """A connection and where its consumer is in the protocol."""
+
+    __slots__ = ("closed", "connection", "index", "outgoing", "reader", "sent", "since", "wants")
+
+    def __init__(self, connection: socket.socket) -> None:
+        self.connection = connection
+        self.reader = wire.FrameReader(connection.fileno())
+        self.index: int | None = None
+        """Its consumer, once attached."""
+        self.wants = 0
+        """The `most` of a ``("next", most)`` request not answered yet (0: none)."""
+        self.sent: list[_Reply] = []
+        """The replies of its last answer, which it maps before its next request."""
+        self.outgoing: list[memoryview] = []
+        """What is left to send of its last answer."""
+        self.since = 0.0
+        """When sending `outgoing` began."""
+        self.closed = False
+        """It asked to close: the connection ends once the answer is sent."""
 
 
 class Server(Resource):
@@ -71,107 +86,169 @@ class Server(Resource):
             ) from error
         os.chmod(address, 0o600)
         listener.listen()
-        listener.settimeout(POLL_S)
+        listener.setblocking(False)
         super().__init__()
         self._listener = listener
         self._stop = threading.Event()
-        self._connections: set[socket.socket] = set()
-        self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        """Held while the replies change (`_shutdown` may come from another thread)."""
+        self._clients: dict[socket.socket, _Client] = {}
         self._replies: dict[int, _Reply] = {}
         self._claiming: dict[int, int] = {}
-        """The next position of each consumer whose thread is taking an item."""
-        self._pickling = threading.Lock()
-        """Held while an item is pickled: each is pickled once, whichever thread asks."""
+        """The next position of each consumer that is taking an item."""
         self._broadcast = shm_broadcast.Broadcast() if segments.ENABLED else None
-        self._serving = threading.local()
-        self._accepter = self._thread(self._accept, "accept")
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(listener, selectors.EVENT_READ)
+        self._selector.register(self._wake_read, selectors.EVENT_READ)
+        hub.on_change = self._wake
+        self._thread = threading.Thread(
+            target=self._run, name=f"infinibatch_like.{NAME}.server", daemon=True
+        )
+        self._thread.start()
         _SERVERS.add(self)
 
-    def _thread(self, target: Any, name: str, *args: Any) -> threading.Thread:
-        thread = threading.Thread(
-            target=target, args=args, name=f"infinibatch_like.{NAME}.{name}", daemon=True
-        )
-        thread.start()
-        return thread
+    # -- the loop ----------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        """Have the loop look at its waiting requests again (from another thread)."""
+        if threading.current_thread() is not self._thread:
+            with self._lock, contextlib.suppress(BlockingIOError):  # full: it wakes anyway
+                if self._wake_write >= 0:
+                    os.write(self._wake_write, b"\0")
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                busy = any(c.wants or c.outgoing for c in self._clients.values())
+                for key, events in self._selector.select(POLL_S if busy else None):
+                    if key.fileobj is self._listener:
+                        self._accept()
+                    elif key.fileobj == self._wake_read:
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(self._wake_read, 4096)
+                    else:
+                        client = self._clients.get(key.fileobj)  # type: ignore[call-overload]
+                        if client is not None:
+                            self._ready(client, events)
+                for client in list(self._clients.values()):
+                    if client.wants:
+                        self._answer_next(client)
+                    elif client.outgoing and time.monotonic() - client.since > SEND_TIMEOUT_S:
+                        self._drop(client)  # it does not read
+        finally:
+            for client in list(self._clients.values()):
+                self._drop(client)
+            self._release()
+            with self._lock:  # a late `_wake` must not write to a reused descriptor
+                self._selector.close()
+                os.close(self._wake_read)
+                os.close(self._wake_write)
+                self._wake_read = self._wake_write = -1
 
     def _accept(self) -> None:
-        while not self._stop.is_set():
+        while True:
             try:
                 connection, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:  # the listener was closed: stopping
+            except OSError:  # none waiting, or the listener was closed
                 return
-            connection.settimeout(SEND_TIMEOUT_S)
-            with self._lock:
-                self._connections.add(connection)
-                self._threads = [t for t in self._threads if t.is_alive()]
-                self._threads.append(self._thread(self._serve, "connection", connection))
+            connection.setblocking(False)
+            self._clients[connection] = _Client(connection)
+            self._selector.register(connection, selectors.EVENT_READ)
 
-    def _serve(self, connection: socket.socket) -> None:
-        self._serving.connection = connection
-        index: int | None = None
-        closed = False
-        sent: list[_Reply] = []
+    def _ready(self, client: _Client, events: int) -> None:
         try:
-            reader = wire.FrameReader(connection.fileno())
-            frame = self._receive(reader)
-            if frame is None:
-                return
-            _, wanted, pid = pickle.loads(frame)
-            try:
-                self.hub.claim(wanted, f"attached by process {pid}")
-            except (TypeError, ValueError) as error:
-                wire.send_frames(connection, ("error", report_error(error, self._where())))
-                return
-            index = wanted
-            self.hub.connected(index, True)
-            prefix = None if self._broadcast is None else self._broadcast.prefix
-            hub = self.hub
-            wire.send_frames(connection, ("ok", (hub.consumers, hub.mode, os.getpid(), prefix)))
-            while (frame := self._receive(reader)) is not None:
-                self._mapped(sent)  # a request comes once the previous items are mapped
-                sent = []
-                request = pickle.loads(frame)
-                reply = self._answer(index, request, connection)
-                closed = request[0] == "close"
-                if isinstance(reply, list):  # items: their count, then each
-                    sent = [r for r in reply if isinstance(r, _Reply)]
-                    frames = [r.data if isinstance(r, _Reply) else r for r in reply]
-                    wire.send_frames(connection, ("items", len(reply)), *frames)
-                else:
-                    wire.send_frames(connection, reply)
-                if closed:
-                    return
-        except OSError:  # the consumer went away mid-message
-            pass
-        finally:
-            self._mapped(sent)  # or never will be: its process is gone
-            if index is not None:
-                self.hub.release(index)
-                if closed:
-                    self.hub.close_if_done()
-                else:
-                    self.hub.connected(index, False)
-            with self._lock:
-                self._connections.discard(connection)
-            connection.close()
+            if events & selectors.EVENT_WRITE:
+                self._flush(client)
+            if events & selectors.EVENT_READ and client.connection in self._clients:
+                while (frame := client.reader.read_ready()) is not None:
+                    if client.wants or client.outgoing:  # it sends while it should read
+                        raise OSError("a request before the answer to the last one")
+                    self._request(client, frame)
+                    if client.connection not in self._clients:
+                        return
+        except (EOFError, OSError):  # the consumer went away (mid-message, maybe)
+            self._drop(client)
 
-    def _receive(self, reader: wire.FrameReader) -> bytearray | None:
-        return wire.read_until(reader, lambda: not self._stop.is_set(), POLL_S, 0.0)
+    def _request(self, client: _Client, frame: bytearray) -> None:
+        if client.index is None:
+            self._attach(client, frame)
+            return
+        self._mapped(client.sent)  # a request comes once the previous items are mapped
+        client.sent = []
+        request = pickle.loads(frame)
+        if request[0] == "next":
+            client.wants = max(1, int(request[1]))
+            self.hub.lend(client.index, client.wants)  # until it is known how many it holds
+            self._claim(client.index)
+            self._answer_next(client)
+            return
+        client.closed = request[0] == "close"
+        self._send(client, self._answer(client.index, request))
+
+    def _attach(self, client: _Client, frame: bytearray) -> None:
+        _, wanted, pid = pickle.loads(frame)
+        try:
+            self.hub.claim(wanted, f"attached by process {pid}")
+        except (TypeError, ValueError) as error:
+            client.closed = True  # refused: the connection ends with the answer
+            self._send(client, ("error", report_error(error, self._where())))
+            return
+        client.index = wanted
+        self.hub.connected(wanted, True)
+        prefix = None if self._broadcast is None else self._broadcast.prefix
+        self._send(client, ("ok", (self.hub.consumers, self.hub.mode, os.getpid(), prefix)))
+
+    def _send(self, client: _Client, *messages: tuple[Any, ...] | bytes) -> None:
+        client.outgoing = wire.frames(*messages)
+        client.since = time.monotonic()
+        self._flush(client)
+
+    def _flush(self, client: _Client) -> None:
+        """Send what the socket takes of the answer; the rest once it is writable."""
+        had = bool(client.outgoing)
+        client.outgoing = wire.send_some(client.connection, client.outgoing)
+        if client.outgoing:
+            if had:
+                self._selector.modify(
+                    client.connection, selectors.EVENT_READ | selectors.EVENT_WRITE
+                )
+            return
+        if client.closed:
+            self._drop(client)
+            return
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.modify(client.connection, selectors.EVENT_READ)
+
+    def _drop(self, client: _Client) -> None:
+        """End the connection of `client`; its consumer is released (closed, if it asked)."""
+        if self._clients.pop(client.connection, None) is None:
+            return
+        self._mapped(client.sent)  # or never will be: its process is gone
+        index = client.index
+        if index is not None:
+            with self._lock:
+                self._claiming.pop(index, None)
+            self.hub.release(index)
+            if client.closed:
+                self.hub.close_if_done()
+            else:
+                self.hub.connected(index, False)
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(client.connection)
+        client.connection.close()
+
+    # -- answers -----------------------------------------------------------------------
 
     def _where(self) -> str:
         return f"in the {NAME} owner (pid {os.getpid()}, serving {self.address})"
 
-    def _answer(
-        self, index: int, request: tuple[Any, ...], connection: socket.socket
-    ) -> tuple[Any, ...] | list[Any]:
+    def _answer(self, index: int, request: tuple[Any, ...]) -> tuple[Any, ...]:
         hub = self.hub
         try:
             kind = request[0]
-            if kind == "next":
-                return self._items(index, request[1], connection)
             if kind == "getstate":
                 return ("ok", hub.state(index, request[1]))
             if kind == "setstate":
@@ -180,21 +257,21 @@ class Server(Resource):
             state = hub.state(index, request[1])  # the position a restore continues from
             hub.close_consumer(index)
             return ("ok", state)
-        except StopIteration:
-            return ("end",)
         except BaseException as error:  # re-raised in the consumer
             return ("error", report_error(error, self._where(), hub.source))
 
-    def _items(self, index: int, most: int, connection: socket.socket) -> list[Any]:
-        """Consumer `index`'s next item, waiting for it, and up to `most` - 1 more that
-        need no wait: each the reply of one item (what `_Connection.fetch` reads)."""
-        hub = self.hub
+    def _answer_next(self, client: _Client) -> None:
+        """Answer a ``("next", most)`` request with the consumer's next item and up to
+        ``most - 1`` more that are ready, unless its next item is not to be had yet
+        (each the reply of one item, as `_Connection.fetch` reads them)."""
+        hub, index, most = self.hub, client.index, client.wants
+        assert index is not None
         replies: list[Any] = []
-        hub.lend(index, most)  # until it is known how many it holds
         try:
-            self._claim(index)
-            first = hub.take_at(index, lambda: _gone(connection))
-            assert first is not None
+            first = hub.take_at(index, wait=False)
+            if first is None:
+                hub.check_waiting(index)  # raises if the wait must end
+                return
             replies.append(self._reply(index, *first))
             while len(replies) < most and isinstance(replies[-1], _Reply):
                 self._claim(index)
@@ -206,11 +283,16 @@ class Server(Resource):
             replies.append(("end",))
         except BaseException as error:  # re-raised in the consumer at its item
             replies.append(("error", report_error(error, self._where(), hub.source)))
-        finally:
-            hub.lend(index, len(replies))
-            with self._lock:
-                self._claiming.pop(index, None)
-        return replies
+        hub.lend(index, len(replies))
+        with self._lock:
+            self._claiming.pop(index, None)
+        client.wants = 0
+        client.sent = [reply for reply in replies if isinstance(reply, _Reply)]
+        frames = [reply.data if isinstance(reply, _Reply) else reply for reply in replies]
+        try:
+            self._send(client, ("items", len(replies)), *frames)
+        except OSError:
+            self._drop(client)
 
     def _claim(self, index: int) -> None:
         """Consumer `index` is about to take its next item: its reply is kept, though the
@@ -221,19 +303,17 @@ class Server(Resource):
     def _reply(self, index: int, position: int, item: Any) -> _Reply | tuple[Any, ...]:
         """The reply for the item at upstream `position`, pickled once for every consumer
         (kept while a consumer may still take it), counted as sent to consumer `index`."""
-        with self._pickling:
-            with self._lock:
-                reply = self._replies.get(position)
-            if reply is None:
-                try:
-                    reply = self._encoded(("ok", item))
-                except Exception as error:
-                    return ("error", report_error(error, f"pickling an item {self._where()}"))
-            with self._lock:
-                reply.pending += 1
-                self._replies[position] = reply
-                self._claiming.pop(index, None)
-                self._trim()
+        reply = self._replies.get(position)
+        if reply is None:
+            try:
+                reply = self._encoded(("ok", item))
+            except Exception as error:
+                return ("error", report_error(error, f"pickling an item {self._where()}"))
+        with self._lock:
+            reply.pending += 1
+            self._replies[position] = reply
+            self._claiming.pop(index, None)
+            self._trim()
         return reply
 
     def _encoded(self, reply: tuple[str, Any]) -> _Reply:
@@ -264,39 +344,47 @@ class Server(Resource):
         for position in stale:
             shm_broadcast.unlink(self._replies.pop(position).names)
 
+    # -- stopping ----------------------------------------------------------------------
+
     def _shutdown(self) -> None:
         self._stop.set()
+        self._wake()
+        if threading.current_thread() is not self._thread:
+            with contextlib.suppress(OSError):  # the consumers see the end of their socket
+                for connection in list(self._clients):
+                    connection.shutdown(socket.SHUT_RDWR)
+            self.join()
+            self._release()
+
+    def _release(self) -> None:
+        """Stop listening and unlink what the consumers did not map (they never will);
+        idempotent."""
+        with self.hub.lock:  # called holding it: no thread is in `_wake` after this
+            self.hub.on_change = None
         self._listener.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.address)
         with self._lock:
-            connections = list(self._connections)
-        own = getattr(self._serving, "connection", None)  # closed last, by its thread
-        for connection in connections:  # the consumers see the end of their socket
-            if connection is not own:
-                with contextlib.suppress(OSError):
-                    connection.shutdown(socket.SHUT_RDWR)
-        self.join()
-        with self._lock:  # what the consumers did not map they never will
             for reply in self._replies.values():
                 shm_broadcast.unlink(reply.names)
             self._replies.clear()
 
     def join(self) -> None:
-        """Wait until the threads serving the consumers are gone (not this one, if it is
-        one: the last consumer to close stops the server)."""
-        with self._lock:
-            threads = [self._accepter, *self._threads]
-        deadline = time.monotonic() + THREAD_STOP_S
-        for thread in threads:
-            if thread is not threading.current_thread():
-                thread.join(max(0.0, deadline - time.monotonic()))
+        """Wait until the thread serving the consumers is gone (unless it is this one:
+        the last consumer to close stops the server)."""
+        if self._thread is not threading.current_thread():
+            self._thread.join(THREAD_STOP_S)
 
     def forget(self) -> None:
-        """In a forked child: close the inherited sockets, leaving the parent's alone."""
+        """In a forked child: close the inherited sockets and descriptors, leaving the
+        parent's alone."""
         self._listener.close()
-        for connection in list(self._connections):
+        for connection in list(self._clients):
             connection.close()
+        self._selector.close()
+        for fd in (self._wake_read, self._wake_write):
+            if fd >= 0:  # still open (in the parent, too: the child has copies)
+                os.close(fd)
 
 
 def _after_fork_in_child() -> None:

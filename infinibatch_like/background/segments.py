@@ -151,6 +151,26 @@ def mapped(name: str, length: int, flags: int, sharing: int = mmap.MAP_SHARED) -
         os.close(fd)
 
 
+def written(name: str, data: memoryview, tracked: bool = True) -> None:
+    """Create the segment `name` holding `data` after its header, written by the kernel
+    (no mapping: no page to fault in, none zeroed before it is written). OSError (e.g.
+    no room in /dev/shm) leaves no segment; `tracked`: see `unlink_name`."""
+    fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, HEADER + len(data))
+        offset = HEADER
+        while data:
+            count = os.pwrite(fd, data, offset)
+            data, offset = data[count:], offset + count
+    except BaseException:
+        unlink_name(name, tracked=False)  # not registered yet
+        raise
+    finally:
+        os.close(fd)
+    if tracked:
+        _track(name)
+
+
 _PID = [os.getpid()]
 """This process's pid (`os.getpid` is a system call)."""
 

@@ -71,9 +71,10 @@ PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
 class Sender:
-    """What `_Pickler` puts large arrays and tensors through: `space` gives the bytes
-    for an array's copy and the reference the receiver maps them by; `array_loader` and
-    `tensor_loader` rebuild the array or tensor from that reference."""
+    """What `_Pickler` puts large arrays and tensors through: `copy_in` copies an
+    array's values into a segment (by default into the bytes that `space` gives) and
+    returns the reference the receiver maps them by; `array_loader` and `tensor_loader`
+    rebuild the array or tensor from that reference."""
 
     array_loader: Callable[..., Any]
     tensor_loader: Callable[..., Any]
@@ -82,15 +83,23 @@ class Sender:
         """A writable buffer of `size` bytes in a segment and its reference, or None."""
         raise NotImplementedError
 
-    def put(self, obj: Any, np: Any) -> Any:
-        """The reduction of numpy array `obj` through a segment, or NotImplemented."""
+    def copy_in(self, obj: Any, order: str, np: Any) -> Any | None:
+        """Copy the values of numpy array `obj`, in `order`, into a segment: its
+        reference, or None (no room)."""
         taken = self.space(obj.nbytes)
         if taken is None:
-            return NotImplemented
+            return None
         buffer, reference = taken
+        np.ndarray(obj.shape, obj.dtype, buffer, order=order)[...] = obj
+        return reference
+
+    def put(self, obj: Any, np: Any) -> Any:
+        """The reduction of numpy array `obj` through a segment, or NotImplemented."""
         fortran = obj.flags.f_contiguous and not obj.flags.c_contiguous
         order = "F" if fortran else "C"
-        np.ndarray(obj.shape, obj.dtype, buffer, order=order)[...] = obj
+        reference = self.copy_in(obj, order, np)
+        if reference is None:
+            return NotImplemented
         dtype = obj.dtype
         plain = dtype.fields is None and dtype.subdtype is None and dtype.metadata is None
         return self.array_loader, (reference, dtype.str if plain else dtype, obj.shape, order)

@@ -93,8 +93,9 @@ class FrameReader:
         self._body: bytearray | None = None
         self._filled = 0
 
-    def _read_some(self) -> bytearray | None:
-        """Read what the pipe holds of the current frame; the frame once complete."""
+    def read_ready(self) -> bytearray | None:
+        """Read what the pipe holds of the current frame; the frame once complete (None:
+        not yet)."""
         while True:
             target = self._header if self._body is None else self._body
             if self._filled < len(target):
@@ -118,7 +119,7 @@ class FrameReader:
         """The next frame, waiting up to `timeout` seconds for it to complete."""
         deadline = time.monotonic() + timeout
         while True:
-            frame = self._read_some()
+            frame = self.read_ready()
             if frame is not None:
                 return frame
             left = deadline - time.monotonic()
@@ -137,19 +138,34 @@ def read_until(
         return None
 
 
-def send_frames(sock: socket.socket, *messages: tuple[Any, ...] | bytes) -> None:
-    """Send `messages` (tuples, or tuples already pickled) as frames, in as few system
-    calls as the socket takes, without copying them into one buffer."""
+def frames(*messages: tuple[Any, ...] | bytes) -> list[memoryview]:
+    """The buffers of `messages` (tuples, or tuples already pickled) as frames, for
+    `send_some`, without copying them into one buffer."""
     parts: list[memoryview] = []
     for message in messages:
         data = message if isinstance(message, bytes) else pickle.dumps(message, PROTOCOL)
-        parts += [memoryview(len(data).to_bytes(8, "little")), memoryview(data)]
+        parts += [memoryview(len(data).to_bytes(_HEADER, "little")), memoryview(data)]
+    return parts
+
+
+def send_some(sock: socket.socket, parts: list[memoryview]) -> list[memoryview]:
+    """Send what the socket takes of `parts` (all of it, if it blocks), in as few system
+    calls as it takes; what is left (a non-blocking socket that is full)."""
     while parts:
-        sent = sock.sendmsg(parts[:_MOST_PARTS])
+        try:
+            sent = sock.sendmsg(parts[:_MOST_PARTS])
+        except BlockingIOError:
+            break
         while parts and sent >= len(parts[0]):
             sent -= len(parts.pop(0))
         if sent:
             parts[0] = parts[0][sent:]
+    return parts
+
+
+def send_frames(sock: socket.socket, *messages: tuple[Any, ...] | bytes) -> None:
+    """Send `messages` (tuples, or tuples already pickled) as frames on a blocking socket."""
+    send_some(sock, frames(*messages))
 
 
 _MOST_PARTS = 64
