@@ -9,10 +9,10 @@ another thread of the owner reading the upstream) is kept and answered once the 
 says that the consumers moved (`Hub.on_change`).
 
 Each item is pickled once for every consumer, its large numpy arrays and CPU tensors
-put once into shared memory (`shm_broadcast`) that each consumer maps. A reply is kept,
-and its segments named, while a consumer may still take its item or has been sent it
-and not yet mapped it: a consumer maps the items it is sent before its next request (or
-is gone), so that request releases them."""
+put once into shared memory (`shm_broadcast`) that each consumer maps. A reply is kept
+while a consumer may still take its item; its segments are held until then, and by each
+consumer process it was sent to until that process reports its mappings collected (with
+its next request) or is gone."""
 
 from __future__ import annotations
 
@@ -35,33 +35,36 @@ from .lifecycle import POLL_S, THREAD_STOP_S, Resource
 SEND_TIMEOUT_S = 60.0
 """How long a peer may leave a message unread before it is disconnected (seconds)."""
 
+SWEEP_S = 5.0
+"""How often the server looks for dead processes that hold segments (seconds)."""
+
 _SERVERS: weakref.WeakSet[Server] = weakref.WeakSet()
 
 
 class _Reply:
     """An item's reply, pickled once for every consumer; `names`: the segments it refers
-    to; `pending`: the consumers it was sent to that have not mapped it yet."""
+    to."""
 
-    __slots__ = ("data", "names", "pending")
+    __slots__ = ("data", "names")
 
     def __init__(self, data: bytes, names: list[str]) -> None:
-        self.data, self.names, self.pending = data, names, 0
+        self.data, self.names = data, names
 
 
 class _Client:
     """A connection and where its consumer is in the protocol."""
 
-    __slots__ = ("closed", "connection", "index", "outgoing", "reader", "sent", "since", "wants")
+    __slots__ = ("closed", "connection", "index", "outgoing", "pid", "reader", "since", "wants")
 
     def __init__(self, connection: socket.socket) -> None:
         self.connection = connection
         self.reader = wire.FrameReader(connection.fileno())
-        self.index: int | None = None
-        """Its consumer, once attached."""
+        self.index = -1
+        """Its consumer, once attached (-1: not yet)."""
+        self.pid = 0
+        """Its process, once attached."""
         self.wants = 0
-        """The `most` of a ``("next", most)`` request not answered yet (0: none)."""
-        self.sent: list[_Reply] = []
-        """The replies of its last answer, which it maps before its next request."""
+        """The `most` of a ``("next", most, released)`` request not answered yet (0: none)."""
         self.outgoing: list[memoryview] = []
         """What is left to send of its last answer."""
         self.since = 0.0
@@ -97,6 +100,8 @@ class Server(Resource):
         self._claiming: dict[int, int] = {}
         """The next position of each consumer that is taking an item."""
         self._broadcast = shm_broadcast.Broadcast() if segments.ENABLED else None
+        self._next_sweep = 0.0
+        """When to look again for dead processes that hold segments (`Broadcast.sweep`)."""
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
@@ -173,12 +178,12 @@ class Server(Resource):
             self._drop(client)
 
     def _request(self, client: _Client, frame: bytearray) -> None:
-        if client.index is None:
+        if client.index < 0:
             self._attach(client, frame)
             return
-        self._mapped(client.sent)  # a request comes once the previous items are mapped
-        client.sent = []
         request = pickle.loads(frame)
+        if request[0] in ("next", "close"):
+            self._released(client, request[2])
         if request[0] == "next":
             client.wants = max(1, int(request[1]))
             self.hub.lend(client.index, client.wants)  # until it is known how many it holds
@@ -196,7 +201,7 @@ class Server(Resource):
             client.closed = True  # refused: the connection ends with the answer
             self._send(client, ("error", report_error(error, self._where())))
             return
-        client.index = wanted
+        client.index, client.pid = wanted, pid
         self.hub.connected(wanted, True)
         prefix = None if self._broadcast is None else self._broadcast.prefix
         self._send(client, ("ok", (self.hub.consumers, self.hub.mode, os.getpid(), prefix)))
@@ -226,9 +231,9 @@ class Server(Resource):
         """End the connection of `client`; its consumer is released (closed, if it asked)."""
         if self._clients.pop(client.connection, None) is None:
             return
-        self._mapped(client.sent)  # or never will be: its process is gone
+        self._next_sweep = 0.0  # its process may be gone: what it held is free
         index = client.index
-        if index is not None:
+        if index >= 0:
             with self._lock:
                 self._claiming.pop(index, None)
             self.hub.release(index)
@@ -265,20 +270,19 @@ class Server(Resource):
         ``most - 1`` more that are ready, unless its next item is not to be had yet
         (each the reply of one item, as `_Connection.fetch` reads them)."""
         hub, index, most = self.hub, client.index, client.wants
-        assert index is not None
         replies: list[Any] = []
         try:
             first = hub.take_at(index, wait=False)
             if first is None:
                 hub.check_waiting(index)  # raises if the wait must end
                 return
-            replies.append(self._reply(index, *first))
+            replies.append(self._reply(client, *first))
             while len(replies) < most and isinstance(replies[-1], _Reply):
                 self._claim(index)
                 following = hub.take_at(index, wait=False)
                 if following is None:
                     break
-                replies.append(self._reply(index, *following))
+                replies.append(self._reply(client, *following))
         except StopIteration:
             replies.append(("end",))
         except BaseException as error:  # re-raised in the consumer at its item
@@ -287,7 +291,6 @@ class Server(Resource):
         with self._lock:
             self._claiming.pop(index, None)
         client.wants = 0
-        client.sent = [reply for reply in replies if isinstance(reply, _Reply)]
         frames = [reply.data if isinstance(reply, _Reply) else reply for reply in replies]
         try:
             self._send(client, ("items", len(replies)), *frames)
@@ -300,9 +303,10 @@ class Server(Resource):
         with self._lock:
             self._claiming[index] = self.hub.next_index(index)
 
-    def _reply(self, index: int, position: int, item: Any) -> _Reply | tuple[Any, ...]:
+    def _reply(self, client: _Client, position: int, item: Any) -> _Reply | tuple[Any, ...]:
         """The reply for the item at upstream `position`, pickled once for every consumer
-        (kept while a consumer may still take it), counted as sent to consumer `index`."""
+        (kept while a consumer may still take it), its segments held by `client`'s process
+        from now on."""
         reply = self._replies.get(position)
         if reply is None:
             try:
@@ -310,9 +314,10 @@ class Server(Resource):
             except Exception as error:
                 return ("error", report_error(error, f"pickling an item {self._where()}"))
         with self._lock:
-            reply.pending += 1
             self._replies[position] = reply
-            self._claiming.pop(index, None)
+            if self._broadcast is not None:  # before `_trim` may let go of the reply's
+                self._broadcast.sent(client.pid, reply.names)
+            self._claiming.pop(client.index, None)
             self._trim()
         return reply
 
@@ -323,26 +328,27 @@ class Server(Resource):
             return _Reply(pickle.dumps(reply, wire.PROTOCOL), [])
         return _Reply(*self._broadcast.encode(reply))
 
-    def _mapped(self, replies: list[_Reply]) -> None:
-        """A consumer has mapped `replies` (or is gone): their segments may go once no
-        consumer needs their items any more."""
-        if replies:
+    def _released(self, client: _Client, names: list[str]) -> None:
+        """The consumer's process collected its mappings of segments `names`; now and
+        then, what dead processes held is let go."""
+        broadcast = self._broadcast
+        if broadcast is not None:
             with self._lock:
-                for reply in replies:
-                    reply.pending -= 1
-                self._trim()
+                broadcast.released(client.pid, names)
+                now = time.monotonic()
+                if now >= self._next_sweep:
+                    broadcast.sweep(c.pid for c in self._clients.values())
+                    self._next_sweep = now + SWEEP_S
 
     def _trim(self) -> None:
-        """Drop the replies that no consumer needs or still has to map (every reply once
-        stopped), and unlink their segments; holding `_lock`."""
+        """Drop the replies that no consumer needs (every reply once stopped), letting go
+        of their segments; holding `_lock`."""
         oldest = None if self._stop.is_set() else min([self.hub.base, *self._claiming.values()])
-        stale = [
-            position
-            for position, reply in self._replies.items()
-            if (oldest is None or position < oldest) and reply.pending <= 0
-        ]
+        stale = [position for position in self._replies if oldest is None or position < oldest]
         for position in stale:
-            shm_broadcast.unlink(self._replies.pop(position).names)
+            names = self._replies.pop(position).names
+            if self._broadcast is not None:
+                self._broadcast.drop(names)
 
     # -- stopping ----------------------------------------------------------------------
 
@@ -365,9 +371,9 @@ class Server(Resource):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.address)
         with self._lock:
-            for reply in self._replies.values():
-                shm_broadcast.unlink(reply.names)
             self._replies.clear()
+            if self._broadcast is not None:
+                self._broadcast.close()
 
     def join(self) -> None:
         """Wait until the thread serving the consumers is gone (unless it is this one:
@@ -382,6 +388,8 @@ class Server(Resource):
         for connection in list(self._clients):
             connection.close()
         self._selector.close()
+        if self._broadcast is not None:
+            self._broadcast.forget()
         for fd in (self._wake_read, self._wake_write):
             if fd >= 0:  # still open (in the parent, too: the child has copies)
                 os.close(fd)

@@ -151,24 +151,25 @@ def mapped(name: str, length: int, flags: int, sharing: int = mmap.MAP_SHARED) -
         os.close(fd)
 
 
-def written(name: str, data: memoryview, tracked: bool = True) -> None:
-    """Create the segment `name` holding `data` after its header, written by the kernel
-    (no mapping: no page to fault in, none zeroed before it is written). OSError (e.g.
-    no room in /dev/shm) leaves no segment; `tracked`: see `unlink_name`."""
-    fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+def created(name: str, length: int) -> int:
+    """A descriptor of the new segment `name`, of `length` bytes (to `write` into)."""
+    fd: int = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
-        os.ftruncate(fd, HEADER + len(data))
-        offset = HEADER
-        while data:
-            count = os.pwrite(fd, data, offset)
-            data, offset = data[count:], offset + count
+        os.ftruncate(fd, length)
     except BaseException:
-        unlink_name(name, tracked=False)  # not registered yet
-        raise
-    finally:
         os.close(fd)
-    if tracked:
-        _track(name)
+        unlink_name(name, tracked=False)
+        raise
+    return fd
+
+
+def write(fd: int, data: memoryview, offset: int) -> None:
+    """Write `data` at `offset` of the segment open as `fd`, by the kernel: no mapping,
+    so no page to fault in, and none zeroed before it is written (OSError: no room in
+    /dev/shm for a page not written before)."""
+    while data:
+        count = os.pwrite(fd, data, offset)
+        data, offset = data[count:], offset + count
 
 
 _PID = [os.getpid()]

@@ -4,27 +4,48 @@ that receives the item maps them (see `shm` for the transport between one worker
 consumer, whose pickler this reuses).
 
 A `Broadcast` pickles a message with `encode`: each array or tensor of at least
-``shm.THRESHOLD`` bytes is written into a new segment of its own (by ``pwrite``, which
-costs half of what copying into a fresh mapping does), named
-``ibl_<sender pid>_<token>_b<n>``, and pickled as a reference to it. A receiver's
-``pickle.loads`` maps the segment copy-on-write (``MAP_PRIVATE``): what one consumer
-writes into its array stays its own, as with a pickled copy. The sender unmaps its copy
-at once; it keeps the name until it calls `unlink` (when no receiver will map the
-segment any more), and the kernel frees the memory once the last receiver unmapped it
-(when its array is collected, or its process ended). A receiver never unlinks a name
-while the sender lives; ``segments.remove_prefixed(prefix)`` unlinks what a dead sender
-left.
+``shm.THRESHOLD`` bytes is written into a segment of its own (by ``pwrite``: no page of
+the sender's to fault in), named ``ibl_<sender pid>_<token>_b<n>``, and pickled as a
+reference to it. A receiver's ``pickle.loads`` maps the segment copy-on-write
+(``MAP_PRIVATE``): what one consumer writes into its array stays its own, as with a
+pickled copy.
+
+Segments are recycled, as fresh pages cost more than the copy itself: a segment is
+*held* by its message while the sender may still send it (until `drop`), and by each
+receiver process it was sent to (`sent`) until that receiver's mapping of it is
+collected (the receiver reports it, `take_released`, and the sender is told,
+`released`) or the receiver is found dead (`sweep`). A segment nobody holds goes to a
+pool for the next array of its size class (at most `POOL_SEGMENTS` and `POOL_BYTES`;
+beyond, it is unlinked). A receiver that closed its connection while it still holds
+segments keeps them out of the pool until it dies. The sender unlinks every segment at
+`close`; the kernel frees the memory once the last receiver unmapped it. A receiver
+never unlinks a name while the sender lives; ``segments.remove_prefixed(prefix)``
+unlinks what a dead sender left.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import mmap
 import os
 import secrets
+import weakref
+from collections import Counter, defaultdict, deque
+from collections.abc import Iterable
 from typing import Any
 
 from . import segments, shm
+
+POOL_SEGMENTS = 64
+"""Unused segments a sender keeps for reuse, at most."""
+
+POOL_BYTES = 512 << 20
+"""Bytes of unused segments a sender keeps for reuse, at most."""
+
+_RELEASED: defaultdict[str, deque[str]] = defaultdict(deque)
+"""In a receiver: the segments whose mapping was collected, by the prefix of their
+sender's names, not yet reported to the sender."""
 
 
 class Broadcast(shm.Sender):
@@ -39,22 +60,50 @@ class Broadcast(shm.Sender):
         self._file = io.BytesIO()
         self._pickler = shm._Pickler(self._file, self)
         self.array_loader, self.tensor_loader = _attach_array, _attach_tensor
+        self._fds: dict[str, int] = {}
+        """Every segment of this sender (named): an open descriptor, to write it again."""
+        self._capacity: dict[str, int] = {}
+        self._holds: Counter[str] = Counter()
+        """The holders of each segment in use (its message, and receivers)."""
+        self._held_by: dict[int, Counter[str]] = {}
+        """The segments sent to each receiver process and not released by it."""
+        self._pool: dict[int, list[str]] = {}
+        """The unused segments, by capacity."""
+        self._pooled = 0
+        """Their segments' count."""
+        self._pooled_bytes = 0
 
     def copy_in(self, obj: Any, order: str, np: Any) -> Any | None:
-        name = f"{self.prefix}{self._created}"
-        values = np.ravel(obj, order=order)  # the array itself if contiguous in `order`
+        values = memoryview(np.ravel(obj, order=order).view(np.uint8))  # no copy if contiguous
+        size = len(values)
+        capacity = _size_class(size)
+        free = self._pool.get(capacity)
+        if free:
+            name = free.pop()
+            self._pooled -= 1
+            self._pooled_bytes -= capacity
+            fd = self._fds[name]
+        else:
+            name = f"{self.prefix}{self._created}"
+            try:
+                fd = segments.created(name, segments.HEADER + capacity)
+            except OSError:  # no room in /dev/shm: pickled in the message
+                return None
+            self._created += 1
+            self._fds[name], self._capacity[name] = fd, capacity
         try:
-            segments.written(name, memoryview(values.view(np.uint8)), tracked=False)
-        except OSError:  # no room in /dev/shm: pickled in the message
+            segments.write(fd, values, segments.HEADER)
+        except OSError:  # no room in /dev/shm for its pages: pickled in the message
+            self._unlink(name)
             return None
-        self._created += 1
+        self._holds[name] = 1
         self._names.append(name)
-        return name, obj.nbytes
+        return name, size
 
     def encode(self, obj: Any) -> tuple[bytes, list[str]]:
-        """`obj` pickled, its large arrays and tensors through new segments, and the
-        names of those segments (to `unlink` once no receiver will map them). If
-        pickling fails, the segments it made are unlinked (and the error raised)."""
+        """`obj` pickled, its large arrays and tensors through segments, and the names of
+        those segments, which the message holds until `drop`. If pickling fails, the
+        segments it took are let go (and the error raised)."""
         self._names = []
         file, pickler = self._file, self._pickler
         file.seek(0)
@@ -62,23 +111,118 @@ class Broadcast(shm.Sender):
         try:
             pickler.dump(obj)
         except BaseException:
-            unlink(self._names)
+            self.drop(self._names)
             raise
         finally:
             pickler.clear_memo()  # holds the message's objects
         names, self._names = self._names, []
         return file.getvalue(), names
 
+    def drop(self, names: Iterable[str]) -> None:
+        """The message of segments `names` will not be sent any more."""
+        for name in names:
+            self._let_go(name)
 
-def unlink(names: list[str]) -> None:
-    """Remove the names of segments of a `Broadcast` (those mapped stay valid)."""
-    for name in names:
+    def sent(self, receiver: int, names: list[str]) -> None:
+        """Segments `names` were sent to process `receiver`: it holds them until it
+        reports them released (or dies)."""
+        if names:
+            held = self._held_by.setdefault(receiver, Counter())
+            for name in names:
+                if not self._holds[name]:  # pooled, maybe reused: mapping it would be wrong
+                    raise RuntimeError(f"segment {name} was sent after it was let go")
+                held[name] += 1
+                self._holds[name] += 1
+
+    def released(self, receiver: int, names: Iterable[str]) -> None:
+        """Process `receiver` collected its mappings of segments `names`."""
+        held = self._held_by.get(receiver)
+        if held is None:
+            return
+        for name in names:
+            if held[name] > 0:  # not a name it was never sent (nor one forgotten)
+                held[name] -= 1
+                self._let_go(name)
+        if not +held:
+            del self._held_by[receiver]
+
+    def sweep(self, connected: Iterable[int]) -> None:
+        """Let go of what receivers that are not `connected` and are dead held."""
+        live = set(connected)
+        for receiver in [pid for pid in self._held_by if pid not in live]:
+            if not _running(receiver):
+                held = self._held_by.pop(receiver)
+                for name, count in held.items():
+                    for _ in range(count):
+                        self._let_go(name)
+
+    def _let_go(self, name: str) -> None:
+        if self._holds[name] <= 0:
+            return
+        self._holds[name] -= 1
+        if self._holds[name]:
+            return
+        del self._holds[name]
+        capacity = self._capacity[name]
+        if self._pooled < POOL_SEGMENTS and self._pooled_bytes + capacity <= POOL_BYTES:
+            self._pool.setdefault(capacity, []).append(name)
+            self._pooled += 1
+            self._pooled_bytes += capacity
+        else:
+            self._unlink(name)
+
+    def _unlink(self, name: str) -> None:
+        os.close(self._fds.pop(name))
+        del self._capacity[name]
         segments.unlink_name(name, tracked=False)
+
+    def close(self) -> None:
+        """Unlink every segment (receivers' mappings stay valid). Idempotent."""
+        for name in list(self._fds):
+            self._unlink(name)
+        self._holds.clear()
+        self._held_by.clear()
+        self._pool.clear()
+        self._pooled = self._pooled_bytes = 0
+
+    def forget(self) -> None:
+        """In a forked child: close the inherited descriptors (the names stay)."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+def _size_class(size: int) -> int:
+    """The capacity of the segment for `size` bytes: the next of 4 steps per power of 2
+    (at most a quarter more than `size`), so arrays of similar sizes share segments."""
+    step = max(1 << max(size.bit_length() - 3, 0), mmap.PAGESIZE)
+    return -(-size // step) * step
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (whose mappings are gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+def take_released(prefix: str) -> list[str]:
+    """In a receiver: the segments of the sender whose names start with `prefix` whose
+    mappings were collected since the last call."""
+    queue = _RELEASED.get(prefix)
+    names: list[str] = []
+    with contextlib.suppress(IndexError):  # another thread took the last one
+        while queue:
+            names.append(queue.popleft())
+    return names
 
 
 def _mapped(reference: tuple[str, int]) -> Any:
     """The data of a segment of a `Broadcast`, mapped copy-on-write, as a buffer whose
-    collection unmaps it."""
+    collection unmaps it and reports the segment released (`take_released`)."""
     name, size = reference
     try:
         memory = segments.mapped(name, segments.HEADER + size, os.O_RDONLY, mmap.MAP_PRIVATE)
@@ -87,7 +231,10 @@ def _mapped(reference: tuple[str, int]) -> Any:
             f"the shared-memory segment {name} of a fan-out item is gone (its owner "
             "stopped, or removed it, before this consumer read the item)"
         ) from None
-    return memory.buffer(segments.HEADER, size)
+    buffer = memory.buffer(segments.HEADER, size)
+    prefix = name[: name.rindex("_b") + 2]
+    weakref.finalize(buffer, _RELEASED[prefix].append, name)
+    return buffer
 
 
 def _attach_array(reference: tuple[str, int], dtype: Any, shape: Any, order: str) -> Any:
@@ -96,3 +243,4 @@ def _attach_array(reference: tuple[str, int], dtype: Any, shape: Any, order: str
 
 def _attach_tensor(reference: tuple[str, int], dtype: Any, shape: Any, strides: Any) -> Any:
     return shm.tensor_over(_mapped(reference), dtype, shape, strides)
+

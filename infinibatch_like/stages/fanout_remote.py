@@ -1,17 +1,18 @@
 """Fan-out consumers in other processes of the host: the owner serves them on a Unix
-socket (`_fanout_server.Server`), each attaches by its path (`attach`).
+socket (`background.fanout_server.Server`), each attaches by its path (`attach`).
 
 Messages are pickled tuples in the frames of `background.wire`, one request and one
-reply at a time: ``("attach", index, pid)``, ``("next", most)``, ``("getstate", held)``,
-``("setstate", state)``, ``("close", held)`` (`held`: items received and not used). A
-reply is ``("ok", value)``, ``("end",)`` or ``("error", report)``; ``("next", most)`` is
+reply at a time: ``("attach", index, pid)``, ``("next", most, released)``,
+``("getstate", held)``, ``("setstate", state)``, ``("close", held, released)`` (`held`:
+items received and not used; `released`: the owner's shared-memory segments whose
+mappings this process collected since it last said, which the owner may then reuse). A
+reply is ``("ok", value)``, ``("end",)`` or ``("error", report)``; a ``"next"`` request is
 answered by ``("items", k)`` and the replies of k items (the last may be an end or an
 error), each pickled once by the owner for every consumer, its large arrays and tensors
-in shared memory that the consumer maps as it receives them (before its next request,
-which tells the owner it may let them go). The owner answers each consumer in a thread
-of its own; a consumer waits for a reply while the owner process
-lives (an owner that dies or closes is seen at once, by the end of the socket, or within
-`POLL_S` by its pid).
+in shared memory that the consumer maps as it receives them. One thread of the owner
+answers every consumer; a consumer waits for a reply while the owner process lives (an
+owner that dies or closes is seen at once, by the end of the socket, or within `POLL_S`
+by its pid).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 from .._core.checks import require_int
 from .._core.protocol import State
-from ..background import segments, wire
+from ..background import segments, shm_broadcast, wire
 from ..background.errors import WorkerError, as_exception
 from ..background.fanout_hub import NAME
 from ..background.fanout_server import SEND_TIMEOUT_S
@@ -66,7 +67,7 @@ class _Connection:
     def fetch(self, most: int) -> list[tuple[Any, ...]]:
         """The replies of this consumer's next item and of up to `most` - 1 more,
         unpickled (their shared memory mapped) before the next request."""
-        count: int = self.call(("next", most))
+        count: int = self.call(("next", most, self.released()))
         return [_unpickled(self._receive()) for _ in range(count)]
 
     def _receive(self) -> bytearray:
@@ -91,6 +92,11 @@ class _Connection:
             f"{self.address} closed or died while consumer {self.index} waited for "
             "it; attach again to a new owner and setstate() from a checkpoint"
         )
+
+    def released(self) -> list[str]:
+        """The owner's segments whose mappings this process collected since it last said."""
+        prefix = self.shared_prefix
+        return [] if prefix is None else shm_broadcast.take_released(prefix)
 
     @staticmethod
     def opened(reply: tuple[Any, ...]) -> Any:
@@ -175,7 +181,7 @@ class RemoteConsumer(FanOutStage[T], Generic[T]):
         connection = self._connection
         if not self._closed and connection.close.alive:
             with contextlib.suppress(Exception):  # an owner gone: getstate() will say so
-                self._final = connection.call(("close", self._held()))
+                self._final = connection.call(("close", self._held(), connection.released()))
         super().close()
         connection.hang_up()
 
