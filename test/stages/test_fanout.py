@@ -651,6 +651,75 @@ def test_large_arrays_reach_every_consumer_process_as_one_shared_copy(
     assert not owner_segments()
 
 
+def keep_arrays(address: str, index: int, out: str) -> None:
+    """A consumer process that keeps every item it reads, then records their digests: a
+    segment it still maps is never written again by the owner."""
+    with attach(address, index, timeout=20, prefetch=4) as consumer:
+        kept = list(consumer)
+    records = [
+        [
+            item["i"],
+            _digest(item["array"].tobytes()),
+            _digest(item["tensor"].contiguous().numpy().tobytes()),
+            list(item["tensor"].stride()),
+        ]
+        for item in kept
+    ]
+    Path(out).write_text(json.dumps(records))
+
+
+def test_a_segment_is_not_reused_while_a_consumer_process_keeps_its_array(
+    tmp_path: Path,
+) -> None:
+    with FanOut(MapIterator(native_range(ARRAY_ITEMS), array_item), 2, max_lag=3) as fan:
+        address = fan.serve(str(tmp_path / "fan.sock"))
+        outs = [tmp_path / "kept", tmp_path / "dropped"]
+        keeper = _start_target(keep_arrays, address, 0, str(outs[0]))
+        dropper = _start_target(consume_arrays, address, 1, str(outs[1]))
+        for process in (keeper, dropper):
+            process.join(60)
+            assert process.exitcode == 0
+    expected = [expected_record(i) for i in range(ARRAY_ITEMS)]
+    assert json.loads(outs[0].read_text()) == expected
+    assert [record[0] for record in json.loads(outs[1].read_text())] == expected
+    assert not owner_segments()
+
+
+def small_array(i: int) -> Any:
+    import numpy as np
+
+    return np.full(1 << 14, i, dtype=np.int32)  # 64 KiB: through shared memory
+
+
+def record_segments(address: str, index: int, out: str) -> None:
+    """A consumer process that drops each item once it has recorded its first value and
+    the segment it lay in."""
+    records = []
+    with attach(address, index, timeout=20, prefetch=4) as consumer:
+        for array in consumer:
+            records.append([int(array[0]), _segment_at(array.__array_interface__["data"][0])])
+    Path(out).write_text(json.dumps(records))
+
+
+def test_segments_are_recycled_once_every_consumer_process_dropped_their_arrays(
+    tmp_path: Path,
+) -> None:
+    items, max_lag, prefetch = 60, 3, 4
+    with FanOut(MapIterator(native_range(items), small_array), 2, max_lag=max_lag) as fan:
+        address = fan.serve(str(tmp_path / "fan.sock"))
+        outs = [tmp_path / f"out{i}" for i in range(2)]
+        processes = [_start_target(record_segments, address, i, str(outs[i])) for i in range(2)]
+        for process in processes:
+            process.join(60)
+            assert process.exitcode == 0
+    got = [json.loads(out.read_text()) for out in outs]
+    assert [value for value, _ in got[0]] == [value for value, _ in got[1]] == list(range(items))
+    assert [name for _, name in got[0]] == [name for _, name in got[1]]
+    # at once in use: the lag window, and what each consumer holds or is being sent
+    assert len({name for _, name in got[0]}) <= max_lag + 2 * prefetch + 2
+    assert not owner_segments()
+
+
 def serve_arrays_for_a_while(address: str) -> None:
     fan = FanOut(MapIterator(native_range(10**6), array_item), 2, max_lag=4)
     fan.serve(address)
