@@ -41,6 +41,23 @@ def share_tracker() -> None:
         resource_tracker.ensure_running()
 
 
+def tracker_id(start: bool = False) -> str:
+    """Which resource tracker this process registers segments with: the inode of its
+    pipe to it, the same in every process that shares it ("" if none runs here);
+    `start`: start one if none runs."""
+    if not ENABLED:
+        return ""
+    if start:
+        resource_tracker.ensure_running()
+    fd = getattr(resource_tracker._resource_tracker, "_fd", None)
+    if fd is None:
+        return ""
+    try:
+        return str(os.fstat(fd).st_ino)
+    except OSError:
+        return ""
+
+
 def _track(name: str) -> None:
     """Register segment `name` with the resource tracker, which unlinks it if every
     process that shares the tracker dies before one of them unlinks it."""
@@ -172,20 +189,19 @@ def _release(memory: Mapping) -> None:
 class Segment:
     __slots__ = ("capacity", "memory", "name")
 
-    def __init__(self, name: str, capacity: int, tracked: bool = True) -> None:
+    def __init__(self, name: str, capacity: int) -> None:
         try:
             self.memory = mapped(name, HEADER + capacity, os.O_CREAT | os.O_EXCL | os.O_RDWR)
         except BaseException:
             unlink_name(name, tracked=False)  # not registered yet
             raise
-        if tracked:
-            _track(name)
+        _track(name)
         self.name, self.capacity = name, capacity
 
 
-def remove_prefixed(prefix: str, tracked: bool = True) -> None:
-    """Unlink the segments whose names start with `prefix` (those of a stopped sender;
-    `tracked`: see `unlink_name`)."""
+def remove_prefixed(prefix: str) -> None:
+    """Unlink (and unregister) the segments whose names start with `prefix` (those of a
+    stopped sender whose resource tracker this process shares)."""
     if not ENABLED:
         return
     try:
@@ -193,4 +209,4 @@ def remove_prefixed(prefix: str, tracked: bool = True) -> None:
     except OSError:
         return
     for name in names:
-        unlink_name(name, tracked)
+        unlink_name(name)

@@ -5,14 +5,21 @@ consumer, whose pickler this reuses).
 
 A `Broadcast` pickles a message with `encode`: each array or tensor of at least
 ``shm.THRESHOLD`` bytes is copied into a new segment of its own, named
-``ibl_<sender pid>_<token>_b<n>``, and pickled as a reference to it. A receiver's
+``ibl_<sender pid>_<token>_t<tracker>_b<n>``, and pickled as a reference to it. A receiver's
 ``pickle.loads`` maps the segment copy-on-write (``MAP_PRIVATE``): what one consumer
 writes into its array stays its own, as with a pickled copy. The sender unmaps its copy
 at once; it keeps the name until it calls `unlink` (when no receiver will map the
 segment any more), and the kernel frees the memory once the last receiver unmapped it
-(when its array is collected, or its process ended). A receiver never unlinks a name
-while the sender lives; ``segments.remove_prefixed(prefix)`` unlinks what a dead sender
-left.
+(when its array is collected, or its process ended).
+
+Each segment is registered with the sender's resource tracker (``<tracker>`` in its name
+says which: `segments.tracker_id`) from its creation until the sender unlinks it, so that
+a sender killed with SIGKILL, together with every receiver, leaves nothing in /dev/shm:
+the tracker unlinks its names once every process sharing it is gone. A receiver never
+unlinks a name while the sender lives; once the sender is dead, `remove_left` unlinks
+(and unregisters) its names in a receiver that shares its tracker, and leaves them to
+that tracker otherwise (a name unregistered from a tracker that does not know it, or
+unlinked behind its back, makes the tracker complain).
 """
 
 from __future__ import annotations
@@ -30,7 +37,8 @@ class Broadcast(shm.Sender):
     """The segments of one sender for many receivers (see the module)."""
 
     def __init__(self) -> None:
-        self.prefix = f"{segments.names_prefix(os.getpid())}{secrets.token_hex(4)}_b"
+        tracker = segments.tracker_id(start=True)
+        self.prefix = f"{segments.names_prefix(os.getpid())}{secrets.token_hex(4)}_t{tracker}_b"
         """The prefix of its segments' names."""
         self._created = 0
         self._names: list[str] = []
@@ -42,7 +50,7 @@ class Broadcast(shm.Sender):
     def space(self, size: int) -> tuple[Any, Any] | None:
         name = f"{self.prefix}{self._created}"
         try:
-            segment = segments.Segment(name, size, tracked=False)
+            segment = segments.Segment(name, size)
         except OSError:  # no room in /dev/shm: pickled in the message
             return None
         self._created += 1
@@ -70,9 +78,19 @@ class Broadcast(shm.Sender):
 
 
 def unlink(names: list[str]) -> None:
-    """Remove the names of segments of a `Broadcast` (those mapped stay valid)."""
+    """Remove the names of segments of a `Broadcast` (those mapped stay valid), in the
+    process of the `Broadcast`."""
     for name in names:
-        segments.unlink_name(name, tracked=False)
+        segments.unlink_name(name)
+
+
+def remove_left(prefix: str) -> None:
+    """Unlink the segments that the dead sender of `Broadcast.prefix` `prefix` left, if
+    this process shares the resource tracker they are registered with (else that tracker
+    unlinks them once every process sharing it is gone)."""
+    tracker = prefix.rpartition("_t")[2].removesuffix("_b")
+    if tracker and tracker == segments.tracker_id():
+        segments.remove_prefixed(prefix)
 
 
 def _mapped(reference: tuple[str, int]) -> Any:
