@@ -9,6 +9,7 @@ Linux only (``/dev/shm``): `ENABLED` says whether segments can be used here.
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import mmap
 import os
@@ -58,22 +59,46 @@ def tracker_id(start: bool = False) -> str:
         return ""
 
 
-def _track(name: str) -> None:
-    """Register segment `name` with the resource tracker, which unlinks it if every
-    process that shares the tracker dies before one of them unlinks it."""
-    resource_tracker.register("/" + name, "shared_memory")
+def _tell_tracker(command: str, name: str) -> None:
+    """Send `command` (REGISTER, UNREGISTER) about segment `name` to the resource tracker
+    (which unlinks the registered names once every process sharing it is gone).
+
+    Written to its pipe by a libc call that keeps the GIL: the segment is created, or was
+    unlinked, right beside this message, and no other thread of the process runs in
+    between (a process killed there is what `unlink_name` describes: the shorter that
+    window, the rarer). `resource_tracker.register` would write a probe first and let
+    the other threads run after each write."""
+    fd = getattr(resource_tracker._resource_tracker, "_fd", None)
+    message = f"{command}:/{name}:shared_memory\n".encode("ascii")
+    if fd is None or _pylibc.write(fd, message, len(message)) != len(message):
+        send = resource_tracker.register if command == "REGISTER" else resource_tracker.unregister
+        send("/" + name, "shared_memory")  # it starts the tracker again if it died
+
+
+def _shm_unlink(name: str) -> None:
+    """Unlink segment `name`, keeping the GIL (see `_tell_tracker`)."""
+    if not hasattr(_pylibc, "shm_unlink"):  # glibc before 2.34: in librt
+        _posixshmem.shm_unlink("/" + name)
+    elif _pylibc.shm_unlink(("/" + name).encode()) != 0:
+        error = ctypes.get_errno()
+        kind = FileNotFoundError if error == errno.ENOENT else OSError
+        raise kind(error, os.strerror(error), name)
 
 
 def unlink_name(name: str, tracked: bool = True) -> None:
     """Remove the name of segment `name` if it is still there; `tracked`: it was
-    registered with the resource tracker (`_track`), and is unregistered by whichever
-    process unlinks it."""
+    registered with the resource tracker (`Segment`), and is unregistered by whichever
+    process unlinks it.
+
+    A segment is registered before it is created and unregistered after it is unlinked:
+    a process killed in between leaves the tracker a name that is already gone (which it
+    reports as it fails to unlink it), never a segment that nobody would unlink."""
     try:
-        _posixshmem.shm_unlink("/" + name)
+        _shm_unlink(name)
     except FileNotFoundError:
         return
     if tracked:
-        resource_tracker.unregister("/" + name, "shared_memory")
+        _tell_tracker("UNREGISTER", name)
 
 
 class Mapping:
@@ -141,6 +166,12 @@ _libc.mmap.argtypes = [
 ]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
+_pylibc = ctypes.PyDLL(None, use_errno=True)
+"""libc, called without releasing the GIL."""
+_pylibc.write.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+_pylibc.write.restype = ctypes.c_ssize_t
+if hasattr(_pylibc, "shm_unlink"):
+    _pylibc.shm_unlink.argtypes = [ctypes.c_char_p]
 _POPULATE: int = getattr(mmap, "MAP_POPULATE", 0)
 
 
@@ -190,12 +221,14 @@ class Segment:
     __slots__ = ("capacity", "memory", "name")
 
     def __init__(self, name: str, capacity: int) -> None:
+        resource_tracker.ensure_running()
+        _tell_tracker("REGISTER", name)  # first (see `unlink_name`)
         try:
             self.memory = mapped(name, HEADER + capacity, os.O_CREAT | os.O_EXCL | os.O_RDWR)
         except BaseException:
-            unlink_name(name, tracked=False)  # not registered yet
+            unlink_name(name, tracked=False)  # if it was created
+            _tell_tracker("UNREGISTER", name)
             raise
-        _track(name)
         self.name, self.capacity = name, capacity
 
 
