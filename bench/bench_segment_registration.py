@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import time
 from collections.abc import Callable
@@ -66,12 +67,18 @@ def main() -> None:
         segments.unlink_name(f"{NAME}0")
 
     def unregistered() -> None:
-        segments.mapped(f"{NAME}1", segments.HEADER + SIZE, flags)
+        fd = os.open(f"{segments.SHM_DIR}/{NAME}1", flags, 0o600)
+        segments._mapping(fd, segments.HEADER + SIZE, mmap.MAP_SHARED, creating=True)
         segments.unlink_name(f"{NAME}1", tracked=False)
 
+    fd = segments._tracker_fd()
+    assert fd is not None
+    register = segments._tracker_message("REGISTER", f"{NAME}2")
+    unregister = segments._tracker_message("UNREGISTER", f"{NAME}2")
+
     def messages() -> None:
-        segments._tell_tracker("REGISTER", f"{NAME}2")
-        segments._tell_tracker("UNREGISTER", f"{NAME}2")
+        os.write(fd, register)
+        os.write(fd, unregister)
 
     count, reps = args.count, args.reps
     results = {

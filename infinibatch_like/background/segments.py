@@ -14,6 +14,7 @@ import functools
 import mmap
 import os
 import sys
+from collections.abc import Callable
 from multiprocessing import resource_tracker
 from typing import Any
 
@@ -28,6 +29,7 @@ HEADER = 64
 SHM_DIR = "/dev/shm"
 ENABLED = _posixshmem is not None and sys.platform.startswith("linux") and os.path.isdir(SHM_DIR)
 """Whether segments can be used on this platform (the transports use them then)."""
+
 
 def names_prefix(pid: int) -> str:
     """The prefix of the names of the segments that process `pid` creates."""
@@ -59,46 +61,59 @@ def tracker_id(start: bool = False) -> str:
         return ""
 
 
-def _tell_tracker(command: str, name: str) -> None:
-    """Send `command` (REGISTER, UNREGISTER) about segment `name` to the resource tracker
-    (which unlinks the registered names once every process sharing it is gone).
-
-    Written to its pipe by a libc call that keeps the GIL: the segment is created, or was
-    unlinked, right beside this message, and no other thread of the process runs in
-    between (a process killed there is what `unlink_name` describes: the shorter that
-    window, the rarer). `resource_tracker.register` would write a probe first and let
-    the other threads run after each write."""
-    fd = getattr(resource_tracker._resource_tracker, "_fd", None)
-    message = f"{command}:/{name}:shared_memory\n".encode("ascii")
-    if fd is None or _pylibc.write(fd, message, len(message)) != len(message):
-        send = resource_tracker.register if command == "REGISTER" else resource_tracker.unregister
-        send("/" + name, "shared_memory")  # it starts the tracker again if it died
+def _tracker_message(command: str, name: str) -> bytes:
+    """Message `command` (REGISTER, UNREGISTER) about segment `name` to the tracker."""
+    return f"{command}:/{name}:shared_memory\n".encode("ascii")
 
 
-def _shm_unlink(name: str) -> None:
-    """Unlink segment `name`, keeping the GIL (see `_tell_tracker`)."""
-    if not hasattr(_pylibc, "shm_unlink"):  # glibc before 2.34: in librt
-        _posixshmem.shm_unlink("/" + name)
-    elif _pylibc.shm_unlink(("/" + name).encode()) != 0:
-        error = ctypes.get_errno()
-        kind = FileNotFoundError if error == errno.ENOENT else OSError
-        raise kind(error, os.strerror(error), name)
+def _tracker_fd() -> int | None:
+    """This process's end of the pipe to the resource tracker (None: none started)."""
+    fd: int | None = getattr(resource_tracker._resource_tracker, "_fd", None)
+    return fd
+
+
+# A name is registered with the tracker before its segment is created, and unregistered
+# after it is unlinked; each message is written right beside its system call, by libc
+# calls that keep the GIL (no other thread of the process runs in between, as one may
+# after each call that lets it go: `resource_tracker.register` also writes a probe
+# first). A process killed between the two leaves the tracker a name that is already
+# gone (it says so as it fails to unlink it), never a segment that nobody would unlink.
 
 
 def unlink_name(name: str, tracked: bool = True) -> None:
     """Remove the name of segment `name` if it is still there; `tracked`: it was
     registered with the resource tracker (`Segment`), and is unregistered by whichever
-    process unlinks it.
-
-    A segment is registered before it is created and unregistered after it is unlinked:
-    a process killed in between leaves the tracker a name that is already gone (which it
-    reports as it fails to unlink it), never a segment that nobody would unlink."""
-    try:
-        _shm_unlink(name)
-    except FileNotFoundError:
+    process unlinks it."""
+    path, message, fd = ("/" + name).encode(), _tracker_message("UNREGISTER", name), _tracker_fd()
+    if _SHM_UNLINK(path) == 0:
+        if tracked and (fd is None or _pylibc.write(fd, message, len(message)) != len(message)):
+            resource_tracker.unregister("/" + name, "shared_memory")
         return
-    if tracked:
-        _tell_tracker("UNREGISTER", name)
+    error = _os_error("unlink", name)
+    if error.errno != errno.ENOENT:
+        raise error
+
+
+def _created(name: str) -> int:
+    """A descriptor of the new segment `name`, registered with the tracker first."""
+    resource_tracker.ensure_running()
+    path, message, fd = ("/" + name).encode(), _tracker_message("REGISTER", name), _tracker_fd()
+    if fd is None or _pylibc.write(fd, message, len(message)) != len(message):
+        resource_tracker.register("/" + name, "shared_memory")  # starts it again if it died
+    descriptor: int = _SHM_OPEN(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    if descriptor < 0:
+        error = _os_error("create", name)
+        resource_tracker.unregister("/" + name, "shared_memory")
+        raise error
+    return descriptor
+
+
+def _os_error(doing: str, name: str) -> OSError:
+    """The error of the libc call that failed `doing` segment `name` (from errno)."""
+    number = ctypes.get_errno()
+    return OSError(
+        number, f"cannot {doing} the shared-memory segment {name}: {os.strerror(number)}"
+    )
 
 
 class Mapping:
@@ -170,8 +185,36 @@ _pylibc = ctypes.PyDLL(None, use_errno=True)
 """libc, called without releasing the GIL."""
 _pylibc.write.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
 _pylibc.write.restype = ctypes.c_ssize_t
-if hasattr(_pylibc, "shm_unlink"):
+
+
+def _posix_shm_unlink(path: bytes) -> int:
+    """``shm_unlink`` through CPython's module (it lets the GIL go): 0, or -1 and errno."""
+    try:
+        _posixshmem.shm_unlink(path.decode())
+    except OSError as error:
+        ctypes.set_errno(error.errno or 0)
+        return -1
+    return 0
+
+
+def _posix_shm_open(path: bytes, flags: int, mode: int) -> int:
+    """``shm_open`` through CPython's module (see `_posix_shm_unlink`)."""
+    try:
+        fd: int = _posixshmem.shm_open(path.decode(), flags, mode)
+    except OSError as error:
+        ctypes.set_errno(error.errno or 0)
+        return -1
+    return fd
+
+
+_SHM_OPEN: Callable[[bytes, int, int], int]
+_SHM_UNLINK: Callable[[bytes], int]
+if hasattr(_pylibc, "shm_open") and hasattr(_pylibc, "shm_unlink"):
+    _pylibc.shm_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint]
     _pylibc.shm_unlink.argtypes = [ctypes.c_char_p]
+    _SHM_OPEN, _SHM_UNLINK = _pylibc.shm_open, _pylibc.shm_unlink
+else:  # glibc before 2.34 has them in librt
+    _SHM_OPEN, _SHM_UNLINK = _posix_shm_open, _posix_shm_unlink
 _POPULATE: int = getattr(mmap, "MAP_POPULATE", 0)
 
 
@@ -184,11 +227,15 @@ def _view_type(size: int, releasing: bool) -> Any:
 
 
 def mapped(name: str, length: int, flags: int, sharing: int = mmap.MAP_SHARED) -> Mapping:
-    """Open (`flags`: os.O_CREAT... to create it) and map the segment `name`; `sharing`:
+    """Open (`flags`: os.O_RDONLY, os.O_RDWR) and map the segment `name`; `sharing`:
     ``mmap.MAP_PRIVATE`` for a copy-on-write view of it (writes stay in this process)."""
-    fd = _posixshmem.shm_open("/" + name, flags, 0o600)
+    return _mapping(_posixshmem.shm_open("/" + name, flags, 0o600), length, sharing)
+
+
+def _mapping(fd: int, length: int, sharing: int, creating: bool = False) -> Mapping:
+    """The segment open at `fd` mapped (`length` bytes, given it if `creating`); closes `fd`."""
     try:
-        if flags & os.O_CREAT:
+        if creating:
             os.ftruncate(fd, length)
             # Reserve the pages now: on a full /dev/shm (a container's 64 MiB), writing to
             # a page that cannot be allocated kills the process with SIGBUS.
@@ -221,13 +268,11 @@ class Segment:
     __slots__ = ("capacity", "memory", "name")
 
     def __init__(self, name: str, capacity: int) -> None:
-        resource_tracker.ensure_running()
-        _tell_tracker("REGISTER", name)  # first (see `unlink_name`)
+        fd = _created(name)
         try:
-            self.memory = mapped(name, HEADER + capacity, os.O_CREAT | os.O_EXCL | os.O_RDWR)
+            self.memory = _mapping(fd, HEADER + capacity, mmap.MAP_SHARED, creating=True)
         except BaseException:
-            unlink_name(name, tracked=False)  # if it was created
-            _tell_tracker("UNREGISTER", name)
+            unlink_name(name)
             raise
         self.name, self.capacity = name, capacity
 
