@@ -52,7 +52,7 @@ def tracker_id(start: bool = False) -> str:
         return ""
     if start:
         resource_tracker.ensure_running()
-    fd = getattr(resource_tracker._resource_tracker, "_fd", None)
+    fd = _tracker_fd()
     if fd is None:
         return ""
     try:
@@ -72,18 +72,17 @@ def _tracker_fd() -> int | None:
     return fd
 
 
-# A name is registered with the tracker before its segment is created, and unregistered
-# after it is unlinked; each message is written right beside its system call, by libc
-# calls that keep the GIL (no other thread of the process runs in between, as one may
-# after each call that lets it go: `resource_tracker.register` also writes a probe
-# first). A process killed between the two leaves the tracker a name that is already
-# gone (it says so as it fails to unlink it), never a segment that nobody would unlink.
-
-
 def unlink_name(name: str, tracked: bool = True) -> None:
     """Remove the name of segment `name` if it is still there; `tracked`: it was
     registered with the resource tracker (`Segment`), and is unregistered by whichever
-    process unlinks it."""
+    process unlinks it.
+
+    A name is registered with the tracker before its segment is created, and unregistered
+    after it is unlinked; each message is written right beside its system call, by libc
+    calls that keep the GIL (no other thread of the process runs in between, as one may
+    after each call that lets it go; `resource_tracker.register` also writes a probe
+    first). A process killed between the two leaves the tracker a name that is already
+    gone (it says so as it fails to unlink it), never a segment that nobody unlinks."""
     path, message, fd = ("/" + name).encode(), _tracker_message("UNREGISTER", name), _tracker_fd()
     if _SHM_UNLINK(path) == 0:
         if tracked and (fd is None or _pylibc.write(fd, message, len(message)) != len(message)):

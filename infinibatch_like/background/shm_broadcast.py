@@ -13,7 +13,7 @@ segment any more), and the kernel frees the memory once the last receiver unmapp
 (when its array is collected, or its process ended).
 
 Each segment is registered with the sender's resource tracker (``<tracker>`` in its name
-says which: `segments.tracker_id`) from its creation until the sender unlinks it, so that
+says which: `segments.tracker_id`) while it has a name (see `segments.unlink_name`), so that
 a sender killed with SIGKILL, together with every receiver, leaves nothing in /dev/shm:
 the tracker unlinks its names once every process sharing it is gone. A receiver never
 unlinks a name while the sender lives; once the sender is dead, `remove_left` unlinks
