@@ -5,19 +5,26 @@ the pipeline of `fault_loop.py` to consumer processes, each a training loop of i
 --prefetch-mode P --nesting {flat,nested} [--arrays]`` builds the pipeline of
 ``fault_loop.py`` (``build_pipeline``; with ``--arrays`` its items carry numpy arrays,
 which the consumers map from the owner's shared memory), serves it in ``"replicate"``
-mode at ``WORKDIR/fan.sock`` and exits once every consumer has closed (or on SIGTERM).
+mode at ``WORKDIR/fan.sock`` and exits once every consumer has closed (or on SIGTERM). A
+restarted owner (its predecessor killed with SIGKILL) first removes the socket file that
+its predecessor left; it starts its pipeline from the beginning, and each consumer that
+attaches moves it to that consumer's own checkpoint.
 
 ``python bench/fault_fanout_loop.py consumer WORKDIR INDEX --batches N --every K`` attaches
 to consumer INDEX and trains on N batches as ``fault_loop.py`` does: every batch goes to
-``WORKDIR/consumer-INDEX/consumed.log``, every K steps the log is fsync'd and the
+``WORKDIR/consumer-INDEX/consumed.log`` (and a line to ``attached.log`` at each attach),
+every K steps the log is fsync'd and the
 consumer's state saved (``ckpt-{step}.json``, the last 2 kept). On start it loads its
 latest checkpoint, truncates its log to the length recorded with it and restores its own
 consumer (the others going on), or moves it to the start if there is no checkpoint yet.
+When its owner dies (`WorkerError`), it does the same again, as a restarted job would: it
+attaches to the restarted owner (waiting for it) and restores its latest checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -33,9 +40,18 @@ if str(REPO_ROOT) not in sys.path:
 
 from fault_loop import CHECKPOINTS, STEP_SECONDS, build_pipeline, loggable  # noqa: E402
 
-from infinibatch_like import FanOut, attach, load_checkpoint, save_checkpoint  # noqa: E402
+from infinibatch_like import (  # noqa: E402
+    FanOut,
+    WorkerError,
+    attach,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 SOCKET = "fan.sock"
+ATTACHED = "attached.log"
+OWNER_RESTARTS = 10
+"""How many times a consumer re-attaches after losing its owner before it gives up."""
 
 
 def owner(args: argparse.Namespace) -> None:
@@ -43,16 +59,31 @@ def owner(args: argparse.Namespace) -> None:
         raise SystemExit(143)
 
     signal.signal(signal.SIGTERM, preempted)
+    address = args.workdir / SOCKET
+    with contextlib.suppress(FileNotFoundError):  # left by an owner killed with SIGKILL
+        address.unlink()
     pipeline = build_pipeline(
         args.corpus, args.start_method, args.prefetch_mode, args.nesting, args.arrays
     )
     with FanOut(pipeline, args.consumers, max_lag=4, timeout=60) as fan:
-        fan.serve(str(args.workdir / SOCKET))
+        fan.serve(str(address))
         while not fan.closed:
             time.sleep(0.05)
 
 
 def consumer(args: argparse.Namespace) -> None:
+    for restart in range(OWNER_RESTARTS + 1):
+        try:
+            train(args)
+            return
+        except WorkerError as error:  # the owner died: restart from the latest checkpoint
+            if restart == OWNER_RESTARTS:
+                raise
+            print(f"consumer {args.index} restarts: {error}", file=sys.stderr, flush=True)
+
+
+def train(args: argparse.Namespace) -> None:
+    """Train from the latest checkpoint (or the start) to the end."""
     directory = args.workdir / f"consumer-{args.index}"
     directory.mkdir(exist_ok=True)
     pattern = str(directory / CHECKPOINTS)
@@ -65,6 +96,8 @@ def consumer(args: argparse.Namespace) -> None:
         str(args.workdir / SOCKET), args.index, timeout=30
     ) as batches:
         log.truncate(checkpoint["log_bytes"])
+        with open(directory / ATTACHED, "a") as attached:  # after the truncation
+            attached.write(f"{os.getpid()}\n")
         batches.setstate(checkpoint["data"])  # this consumer alone; None: the start
         while model["step"] < args.batches:
             line = json.dumps(loggable(next(batches))).encode()

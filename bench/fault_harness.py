@@ -476,16 +476,28 @@ def _record(outcome: Outcome, result: RunResult) -> None:
         outcome.failures.append(f"the loop finished despite {outcome.kind}")
 
 
-# -- fan-out consumers: one of them SIGKILLed and restarted ---------------------------------
+# -- fan-out: a consumer process, the owner, or both SIGKILLed and restarted ---------------
 
 FANOUT_LOOP = BENCH_DIR / "fault_fanout_loop.py"
 FANOUT_KIND = "fan-out consumer SIGKILL"
+FANOUT_OWNER_KIND = "fan-out owner SIGKILL"
+FANOUT_BOTH_KIND = "fan-out owner+consumer SIGKILL"
+FANOUT_KINDS = (FANOUT_KIND, FANOUT_OWNER_KIND, FANOUT_BOTH_KIND)
+FANOUT_LAST_KILL_BEFORE_END = 12
+"""Kills land at least this many batches before the victim's end, so that no consumer
+(at most ``max_lag`` plus a prefetch ahead of the others) has finished: a consumer that
+finished does not attach to a restarted owner."""
+TRACKER_CLEANUP = "leaked shared_memory objects to clean up at shutdown"
+"""What the resource tracker of an owner killed with SIGKILL says as it unlinks the
+segments that the owner registered with it (and nobody else could unlink)."""
 
 
 @dataclass
 class FanOutCampaign:
     """An owner serving the loop's pipeline (`fault_fanout_loop.py`) to `consumers`
-    consumer processes, each training on `batches` batches; consumer `victim` is killed."""
+    consumer processes, each training on `batches` batches; consumer `victim` is the one
+    killed (kind `FANOUT_KIND` or `FANOUT_BOTH_KIND`), and the one whose progress decides
+    when a kill lands."""
 
     workdir: Path
     corpus: Path
@@ -522,56 +534,100 @@ class FanOutCampaign:
         except FileNotFoundError:
             return 0
 
+    def attaches(self, index: int) -> int:
+        """How many times consumer `index` attached to an owner."""
+        try:
+            return (self.workdir / f"consumer-{index}" / "attached.log").read_text().count("\n")
+        except FileNotFoundError:
+            return 0
+
     def checkpointed_step(self, index: int) -> int:
         files = (self.workdir / f"consumer-{index}").glob("ckpt-*.json")
         return max((int(p.stem.split("-")[1]) for p in files), default=0)
 
 
 def run_fanout_campaign(
-    campaign: FanOutCampaign, kills: int, reference: Sequence[str], rng: random.Random
+    campaign: FanOutCampaign,
+    kills: int,
+    reference: Sequence[str],
+    rng: random.Random,
+    kind: str = FANOUT_KIND,
 ) -> Outcome:
-    """Start the owner and the consumers, SIGKILL the victim consumer `kills` times at a
-    step after its last checkpoint, restarting it each time; then compare every
-    consumer's consumed log with `reference` (the uninterrupted loop's batches) and look
-    for processes and /dev/shm entries left behind (those its processes were seen
-    mapping, and any segment named after one of them) and for anything the resource
-    tracker reports (leaks it cleaned up, names it could not unlink)."""
+    """Start the owner and the consumers, SIGKILL the victim consumer, the owner, or both
+    (`kind`) `kills` times, each at a step of the victim after its last checkpoint, and
+    restart what was killed: a consumer restores its own latest checkpoint; consumers
+    whose owner died re-attach to the restarted owner and restore theirs
+    (`fault_fanout_loop.py`). Then compare every consumer's consumed log with
+    `reference` (the uninterrupted loop's batches) and look for processes and /dev/shm
+    entries left behind (those its processes were seen mapping, and any segment named
+    after one of them) and for anything a resource tracker reports (leaks it cleaned
+    up, names it could not unlink), except the cleanup that the tracker of a killed
+    owner reports (`TRACKER_CLEANUP`: the segments it registered, that only it unlinks)."""
+    if kind not in FANOUT_KINDS:
+        raise ValueError(f"run_fanout_campaign: kind must be one of {FANOUT_KINDS}, got {kind!r}")
     campaign.workdir.mkdir(parents=True, exist_ok=True)
-    outcome = Outcome(campaign.config, FANOUT_KIND)
+    outcome = Outcome(campaign.config, kind)
     token = uuid.uuid4().hex
     env = {**os.environ, MARKER: token, "PYTHONPATH": str(REPO_ROOT)}
     logs = open(campaign.workdir / "stderr.txt", "wb")  # noqa: SIM115 - closed below
+    owners: list[tuple[subprocess.Popen[bytes], Path]] = []
 
     def start(command: list[str]) -> subprocess.Popen[bytes]:
         outcome.runs += 1
         return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=logs)
 
+    def start_owner() -> subprocess.Popen[bytes]:
+        """An owner, with a log of its own: its resource tracker writes there."""
+        outcome.runs += 1
+        log = campaign.workdir / f"owner-{len(owners)}.stderr.txt"
+        with open(log, "wb") as errors:
+            process = subprocess.Popen(
+                campaign.owner_command(), env=env, stdout=subprocess.DEVNULL, stderr=errors
+            )
+        owners.append((process, log))
+        return process
+
     shm_used: set[str] = set()
     pids: set[int] = set()
     started = time.monotonic()
-    owner = start(campaign.owner_command())
+    attached = 1
+    owner = start_owner()
     consumers = [start(campaign.consumer_command(i)) for i in range(campaign.consumers)]
     try:
         for _ in range(kills):
-            victim = consumers[campaign.victim]
+            index = campaign.victim
+            victim = consumers[index]
             at_step = min(
-                campaign.batches - 5,
-                campaign.checkpointed_step(campaign.victim) + rng.randint(1, 2 * campaign.every),
+                campaign.batches - FANOUT_LAST_KILL_BEFORE_END,
+                campaign.checkpointed_step(index) + rng.randint(1, 2 * campaign.every),
             )
-            while campaign.lines(campaign.victim) < at_step and victim.poll() is None:
+            while (
+                campaign.lines(index) < at_step or campaign.attaches(index) < attached
+            ) and victim.poll() is None:
                 marked = _marked_processes(token)
                 pids.update(marked)
                 shm_used |= _shm_mapped(marked)
                 if time.monotonic() - started > campaign.deadline_s:
                     break
                 time.sleep(0.01)
-            if victim.poll() is not None:
-                outcome.failures.append(f"consumer {campaign.victim} ended before its kill")
+            if victim.poll() is not None or owner.poll() is not None:
+                outcome.failures.append(f"consumer {campaign.victim} or the owner ended early")
                 break
-            victim.kill()
-            victim.wait()
+            killed = {
+                FANOUT_KIND: [victim],
+                FANOUT_OWNER_KIND: [owner],
+                FANOUT_BOTH_KIND: [owner, victim],
+            }[kind]
+            for process in killed:  # at once
+                process.kill()
+            for process in killed:
+                process.wait()
             outcome.kills += 1
-            consumers[campaign.victim] = start(campaign.consumer_command(campaign.victim))
+            attached = campaign.attaches(campaign.victim) + 1  # the next kill waits for it
+            if owner in killed:
+                owner = start_owner()
+            if victim in killed:
+                consumers[campaign.victim] = start(campaign.consumer_command(campaign.victim))
         for process in [*consumers, owner]:
             left = campaign.deadline_s - (time.monotonic() - started)
             try:
@@ -585,19 +641,27 @@ def run_fanout_campaign(
         if owner.returncode != 0:
             outcome.failures.append(f"the owner exited with {owner.returncode}")
     finally:
-        for process in [*consumers, owner]:
+        for process in [*consumers, *(o for o, _ in owners)]:
             if process.poll() is None:
                 process.kill()
                 process.wait()
         logs.close()
-    pids.update(process.pid for process in [*consumers, owner])
+    pids.update(process.pid for process in [*consumers, *(o for o, _ in owners)])
     outcome.leaks += _leftover_processes(token) + _shm_left(shm_used) + _segments_of(pids)
     stderr = (campaign.workdir / "stderr.txt").read_text()
-    if "resource_tracker" in stderr:  # leaks it cleaned up, or names it could not unlink
-        at = stderr.index("resource_tracker")
-        outcome.leaks.append(f"the resource tracker reports: {stderr[max(0, at - 300) :][:1500]}")
+    reports = [stderr] + [
+        _without_tracker_cleanup(log.read_text()) if process.returncode == -signal.SIGKILL
+        else log.read_text()
+        for process, log in owners
+    ]
+    for report in reports:
+        if "resource_tracker" in report:  # leaks it cleaned up, or names it could not unlink
+            at = report.index("resource_tracker")
+            outcome.leaks.append(
+                f"the resource tracker reports: {report[max(0, at - 300) :][:1500]}"
+            )
     if outcome.failures:
-        outcome.failures.append(stderr[-3000:])
+        outcome.failures.append("\n".join(reports)[-3000:])
     for index in range(campaign.consumers):
         got = campaign.consumed(index)
         lost, duplicated, same_order = compare(reference[: campaign.batches], got)
@@ -605,3 +669,15 @@ def run_fanout_campaign(
         outcome.duplicated += duplicated
         outcome.same_order &= same_order
     return outcome
+
+
+def _without_tracker_cleanup(stderr: str) -> str:
+    """The log of an owner killed with SIGKILL, less its resource tracker's report of the
+    segments it unlinked for it (`TRACKER_CLEANUP`, and the line of source it quotes)."""
+    lines = stderr.splitlines()
+    kept = []
+    for number, line in enumerate(lines):
+        quoted = number > 0 and TRACKER_CLEANUP in lines[number - 1]
+        if TRACKER_CLEANUP not in line and not (quoted and "warnings.warn(" in line):
+            kept.append(line)
+    return "\n".join(kept)

@@ -11,10 +11,12 @@ leaks) and writes it, with every leak and failure, to ``bench/results/fault_inje
 
     python bench/fault_injection.py              # 60 campaigns x 2 kills: ~10 minutes
     python bench/fault_injection.py --kills 1 --start-methods fork   # a quick look
-    python bench/fault_injection.py --fanout     # also kill consumer processes of a FanOut
+    python bench/fault_injection.py --fanout     # also kill the processes of a FanOut
     python bench/fault_injection.py --fanout --arrays --kinds --kills 3
         # fan-out only, items with arrays that the consumers map from the owner's shared
         # memory: no segment left (/dev/shm) and nothing reported by the resource tracker
+    python bench/fault_injection.py --kinds --fanout "fan-out owner SIGKILL" --kills 2
+        # fan-out only, its owner killed and restarted, its consumers re-attaching
     python bench/fault_injection.py --arrays --kinds "loop SIGKILL" "worker SIGKILL" --kills 3
         # items with numpy arrays: the shared-memory transport under consumer and worker kills
 
@@ -47,8 +49,10 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--fanout",
-        action="store_true",
-        help="also SIGKILL a consumer process of a FanOut --kills times per start method",
+        nargs="*",
+        choices=harness.FANOUT_KINDS,
+        help="also SIGKILL processes of a FanOut --kills times per start method and layout: "
+        "a consumer, the owner, or both (without a value: each in turn)",
     )
     parser.add_argument(
         "--arrays",
@@ -72,7 +76,7 @@ def main() -> int:
             outcome = harness.run_campaign(campaign, kind, args.kills, reference, rng)
             rows.append(outcome)
             print(_row(outcome), flush=True)
-        if args.fanout:
+        if args.fanout is not None:
             rows += fanout_campaigns(root, corpus, reference, args, rng)
     elapsed = time.monotonic() - started
     print()
@@ -100,15 +104,16 @@ def main() -> int:
 def fanout_campaigns(
     root: Path, corpus: Path, reference: list[str], args: argparse.Namespace, rng: random.Random
 ) -> list[harness.Outcome]:
-    """One campaign per start method and layout: a consumer process of a FanOut serving
-    the loop's pipeline is SIGKILLed `--kills` times and restarted from its checkpoint."""
+    """One campaign per kind, start method and layout: a consumer process of a FanOut
+    serving the loop's pipeline, its owner, or both are SIGKILLed `--kills` times and
+    restarted (a consumer from its checkpoint)."""
     rows = []
-    for number, (method, (mode, nesting)) in enumerate(
-        itertools.product(args.start_methods, LAYOUTS)
+    for number, (kind, method, (mode, nesting)) in enumerate(
+        itertools.product(args.fanout or harness.FANOUT_KINDS, args.start_methods, LAYOUTS)
     ):
         config = harness.Config(method, mode, nesting, args.arrays)
         campaign = harness.FanOutCampaign(root / f"fanout-{number}", corpus, config)
-        outcome = harness.run_fanout_campaign(campaign, args.kills, reference, rng)
+        outcome = harness.run_fanout_campaign(campaign, args.kills, reference, rng, kind)
         rows.append(outcome)
         print(_row(outcome), flush=True)
     return rows

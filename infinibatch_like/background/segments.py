@@ -9,10 +9,12 @@ Linux only (``/dev/shm``): `ENABLED` says whether segments can be used here.
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import mmap
 import os
 import sys
+from collections.abc import Callable
 from multiprocessing import resource_tracker
 from typing import Any
 
@@ -28,6 +30,7 @@ SHM_DIR = "/dev/shm"
 ENABLED = _posixshmem is not None and sys.platform.startswith("linux") and os.path.isdir(SHM_DIR)
 """Whether segments can be used on this platform (the transports use them then)."""
 
+
 def names_prefix(pid: int) -> str:
     """The prefix of the names of the segments that process `pid` creates."""
     return f"ibl_{pid}_"
@@ -41,22 +44,75 @@ def share_tracker() -> None:
         resource_tracker.ensure_running()
 
 
-def _track(name: str) -> None:
-    """Register segment `name` with the resource tracker, which unlinks it if every
-    process that shares the tracker dies before one of them unlinks it."""
-    resource_tracker.register("/" + name, "shared_memory")
+def tracker_id(start: bool = False) -> str:
+    """Which resource tracker this process registers segments with: the inode of its
+    pipe to it, the same in every process that shares it ("" if none runs here);
+    `start`: start one if none runs."""
+    if not ENABLED:
+        return ""
+    if start:
+        resource_tracker.ensure_running()
+    fd = _tracker_fd()
+    if fd is None:
+        return ""
+    try:
+        return str(os.fstat(fd).st_ino)
+    except OSError:
+        return ""
+
+
+def _tracker_message(command: str, name: str) -> bytes:
+    """Message `command` (REGISTER, UNREGISTER) about segment `name` to the tracker."""
+    return f"{command}:/{name}:shared_memory\n".encode("ascii")
+
+
+def _tracker_fd() -> int | None:
+    """This process's end of the pipe to the resource tracker (None: none started)."""
+    fd: int | None = getattr(resource_tracker._resource_tracker, "_fd", None)
+    return fd
 
 
 def unlink_name(name: str, tracked: bool = True) -> None:
     """Remove the name of segment `name` if it is still there; `tracked`: it was
-    registered with the resource tracker (`_track`), and is unregistered by whichever
-    process unlinks it."""
-    try:
-        _posixshmem.shm_unlink("/" + name)
-    except FileNotFoundError:
+    registered with the resource tracker (`Segment`), and is unregistered by whichever
+    process unlinks it.
+
+    A name is registered with the tracker before its segment is created, and unregistered
+    after it is unlinked; each message is written right beside its system call, by libc
+    calls that keep the GIL (no other thread of the process runs in between, as one may
+    after each call that lets it go; `resource_tracker.register` also writes a probe
+    first). A process killed between the two leaves the tracker a name that is already
+    gone (it says so as it fails to unlink it), never a segment that nobody unlinks."""
+    path, message, fd = ("/" + name).encode(), _tracker_message("UNREGISTER", name), _tracker_fd()
+    if _SHM_UNLINK(path) == 0:
+        if tracked and (fd is None or _pylibc.write(fd, message, len(message)) != len(message)):
+            resource_tracker.unregister("/" + name, "shared_memory")
         return
-    if tracked:
+    error = _os_error("unlink", name)
+    if error.errno != errno.ENOENT:
+        raise error
+
+
+def _created(name: str) -> int:
+    """A descriptor of the new segment `name`, registered with the tracker first."""
+    resource_tracker.ensure_running()
+    path, message, fd = ("/" + name).encode(), _tracker_message("REGISTER", name), _tracker_fd()
+    if fd is None or _pylibc.write(fd, message, len(message)) != len(message):
+        resource_tracker.register("/" + name, "shared_memory")  # starts it again if it died
+    descriptor: int = _SHM_OPEN(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    if descriptor < 0:
+        error = _os_error("create", name)
         resource_tracker.unregister("/" + name, "shared_memory")
+        raise error
+    return descriptor
+
+
+def _os_error(doing: str, name: str) -> OSError:
+    """The error of the libc call that failed `doing` segment `name` (from errno)."""
+    number = ctypes.get_errno()
+    return OSError(
+        number, f"cannot {doing} the shared-memory segment {name}: {os.strerror(number)}"
+    )
 
 
 class Mapping:
@@ -124,6 +180,40 @@ _libc.mmap.argtypes = [
 ]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
+_pylibc = ctypes.PyDLL(None, use_errno=True)
+"""libc, called without releasing the GIL."""
+_pylibc.write.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+_pylibc.write.restype = ctypes.c_ssize_t
+
+
+def _posix_shm_unlink(path: bytes) -> int:
+    """``shm_unlink`` through CPython's module (it lets the GIL go): 0, or -1 and errno."""
+    try:
+        _posixshmem.shm_unlink(path.decode())
+    except OSError as error:
+        ctypes.set_errno(error.errno or 0)
+        return -1
+    return 0
+
+
+def _posix_shm_open(path: bytes, flags: int, mode: int) -> int:
+    """``shm_open`` through CPython's module (see `_posix_shm_unlink`)."""
+    try:
+        fd: int = _posixshmem.shm_open(path.decode(), flags, mode)
+    except OSError as error:
+        ctypes.set_errno(error.errno or 0)
+        return -1
+    return fd
+
+
+_SHM_OPEN: Callable[[bytes, int, int], int]
+_SHM_UNLINK: Callable[[bytes], int]
+if hasattr(_pylibc, "shm_open") and hasattr(_pylibc, "shm_unlink"):
+    _pylibc.shm_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint]
+    _pylibc.shm_unlink.argtypes = [ctypes.c_char_p]
+    _SHM_OPEN, _SHM_UNLINK = _pylibc.shm_open, _pylibc.shm_unlink
+else:  # glibc before 2.34 has them in librt
+    _SHM_OPEN, _SHM_UNLINK = _posix_shm_open, _posix_shm_unlink
 _POPULATE: int = getattr(mmap, "MAP_POPULATE", 0)
 
 
@@ -136,11 +226,15 @@ def _view_type(size: int, releasing: bool) -> Any:
 
 
 def mapped(name: str, length: int, flags: int, sharing: int = mmap.MAP_SHARED) -> Mapping:
-    """Open (`flags`: os.O_CREAT... to create it) and map the segment `name`; `sharing`:
+    """Open (`flags`: os.O_RDONLY, os.O_RDWR) and map the segment `name`; `sharing`:
     ``mmap.MAP_PRIVATE`` for a copy-on-write view of it (writes stay in this process)."""
-    fd = _posixshmem.shm_open("/" + name, flags, 0o600)
+    return _mapping(_posixshmem.shm_open("/" + name, flags, 0o600), length, sharing)
+
+
+def _mapping(fd: int, length: int, sharing: int, creating: bool = False) -> Mapping:
+    """The segment open at `fd` mapped (`length` bytes, given it if `creating`); closes `fd`."""
     try:
-        if flags & os.O_CREAT:
+        if creating:
             os.ftruncate(fd, length)
             # Reserve the pages now: on a full /dev/shm (a container's 64 MiB), writing to
             # a page that cannot be allocated kills the process with SIGBUS.
@@ -153,12 +247,12 @@ def mapped(name: str, length: int, flags: int, sharing: int = mmap.MAP_SHARED) -
 
 def created(name: str, length: int) -> int:
     """A descriptor of the new segment `name`, of `length` bytes (to `write` into)."""
-    fd: int = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    fd = _created(name)
     try:
         os.ftruncate(fd, length)
     except BaseException:
         os.close(fd)
-        unlink_name(name, tracked=False)
+        unlink_name(name)
         raise
     return fd
 
@@ -193,20 +287,19 @@ def _release(memory: Mapping) -> None:
 class Segment:
     __slots__ = ("capacity", "memory", "name")
 
-    def __init__(self, name: str, capacity: int, tracked: bool = True) -> None:
+    def __init__(self, name: str, capacity: int) -> None:
+        fd = _created(name)
         try:
-            self.memory = mapped(name, HEADER + capacity, os.O_CREAT | os.O_EXCL | os.O_RDWR)
+            self.memory = _mapping(fd, HEADER + capacity, mmap.MAP_SHARED, creating=True)
         except BaseException:
-            unlink_name(name, tracked=False)  # not registered yet
+            unlink_name(name)
             raise
-        if tracked:
-            _track(name)
         self.name, self.capacity = name, capacity
 
 
-def remove_prefixed(prefix: str, tracked: bool = True) -> None:
-    """Unlink the segments whose names start with `prefix` (those of a stopped sender;
-    `tracked`: see `unlink_name`)."""
+def remove_prefixed(prefix: str) -> None:
+    """Unlink (and unregister) the segments whose names start with `prefix` (those of a
+    stopped sender whose resource tracker this process shares)."""
     if not ENABLED:
         return
     try:
@@ -214,4 +307,4 @@ def remove_prefixed(prefix: str, tracked: bool = True) -> None:
     except OSError:
         return
     for name in names:
-        unlink_name(name, tracked)
+        unlink_name(name)

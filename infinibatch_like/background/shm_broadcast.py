@@ -5,8 +5,8 @@ consumer, whose pickler this reuses).
 
 A `Broadcast` pickles a message with `encode`: each array or tensor of at least
 ``shm.THRESHOLD`` bytes is written into a segment of its own (by ``pwrite``: no page of
-the sender's to fault in), named ``ibl_<sender pid>_<token>_b<n>``, and pickled as a
-reference to it. A receiver's ``pickle.loads`` maps the segment copy-on-write
+the sender's to fault in), named ``ibl_<sender pid>_<token>_t<tracker>_b<n>``, and
+pickled as a reference to it. A receiver's ``pickle.loads`` maps the segment copy-on-write
 (``MAP_PRIVATE``): what one consumer writes into its array stays its own, as with a
 pickled copy.
 
@@ -18,9 +18,16 @@ collected (the receiver reports it, `take_released`, and the sender is told,
 pool for the next array of its size class (at most `POOL_SEGMENTS` and `POOL_BYTES`;
 beyond, it is unlinked). A receiver that closed its connection while it still holds
 segments keeps them out of the pool until it dies. The sender unlinks every segment at
-`close`; the kernel frees the memory once the last receiver unmapped it. A receiver
-never unlinks a name while the sender lives; ``segments.remove_prefixed(prefix)``
-unlinks what a dead sender left.
+`close`; the kernel frees the memory once the last receiver unmapped it.
+
+Each segment is registered with the sender's resource tracker (``<tracker>`` in its name
+says which: `segments.tracker_id`) while it has a name (see `segments.unlink_name`), so
+that a sender killed with SIGKILL, together with every receiver, leaves nothing in
+/dev/shm: the tracker unlinks its names once every process sharing it is gone. A
+receiver never unlinks a name while the sender lives; once the sender is dead,
+`remove_left` unlinks (and unregisters) its names in a receiver that shares its tracker,
+and leaves them to that tracker otherwise (a name unregistered from a tracker that does
+not know it, or unlinked behind its back, makes the tracker complain).
 """
 
 from __future__ import annotations
@@ -52,7 +59,8 @@ class Broadcast(shm.Sender):
     """The segments of one sender for many receivers (see the module)."""
 
     def __init__(self) -> None:
-        self.prefix = f"{segments.names_prefix(os.getpid())}{secrets.token_hex(4)}_b"
+        tracker = segments.tracker_id(start=True)
+        self.prefix = f"{segments.names_prefix(os.getpid())}{secrets.token_hex(4)}_t{tracker}_b"
         """The prefix of its segments' names."""
         self._created = 0
         self._names: list[str] = []
@@ -174,7 +182,7 @@ class Broadcast(shm.Sender):
     def _unlink(self, name: str) -> None:
         os.close(self._fds.pop(name))
         del self._capacity[name]
-        segments.unlink_name(name, tracked=False)
+        segments.unlink_name(name)
 
     def close(self) -> None:
         """Unlink every segment (receivers' mappings stay valid). Idempotent."""
@@ -207,6 +215,15 @@ def _running(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in (b"Z", b"X")
+
+
+def remove_left(prefix: str) -> None:
+    """Unlink the segments that the dead sender of `Broadcast.prefix` `prefix` left, if
+    this process shares the resource tracker they are registered with (else that tracker
+    unlinks them once every process sharing it is gone)."""
+    tracker = prefix.rpartition("_t")[2].removesuffix("_b")
+    if tracker and tracker == segments.tracker_id():
+        segments.remove_prefixed(prefix)
 
 
 def take_released(prefix: str) -> list[str]:

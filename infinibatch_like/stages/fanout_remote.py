@@ -28,7 +28,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 from .._core.checks import require_int
 from .._core.protocol import State
-from ..background import segments, shm_broadcast, wire
+from ..background import shm_broadcast, wire
 from ..background.errors import WorkerError, as_exception
 from ..background.fanout_hub import NAME
 from ..background.fanout_server import SEND_TIMEOUT_S
@@ -68,7 +68,10 @@ class _Connection:
         """The replies of this consumer's next item and of up to `most` - 1 more,
         unpickled (their shared memory mapped) before the next request."""
         count: int = self.call(("next", most, self.released()))
-        return [_unpickled(self._receive()) for _ in range(count)]
+        replies = [_unpickled(self._receive()) for _ in range(count)]
+        if any(reply[0] == "unreadable" for reply in replies) and not self._owner_alive():
+            self._lost()  # received before it died, its segments gone with it
+        return replies
 
     def _receive(self) -> bytearray:
         try:
@@ -86,7 +89,7 @@ class _Connection:
         self.close()
         prefix = self.shared_prefix
         if prefix and not parent_alive(self.owner_pid):  # what it left in /dev/shm
-            segments.remove_prefixed(prefix, tracked=False)
+            shm_broadcast.remove_left(prefix)
         raise WorkerError(
             f"{NAME}: the owner (pid {self.owner_pid or 'unknown'}) serving "
             f"{self.address} closed or died while consumer {self.index} waited for "

@@ -222,6 +222,42 @@ def test_a_fan_out_consumer_killed_while_mapping_arrays_leaves_no_segment(
         assert campaign.consumed(index) == reference
 
 
+@pytest.mark.parametrize("kind", [harness.FANOUT_OWNER_KIND, harness.FANOUT_BOTH_KIND])
+def test_consumers_of_a_fan_out_owner_killed_and_restarted_consume_the_uninterrupted_stream(
+    kind: str, corpus: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    config = harness.Config("fork", "process", "flat", arrays=True)
+    reference = harness.reference_stream(
+        harness.Campaign(tmp_path_factory.mktemp("reference-arrays"), corpus, config)
+    )
+    campaign = harness.FanOutCampaign(tmp_path_factory.mktemp("fanout-owner"), corpus, config)
+    outcome = harness.run_fanout_campaign(campaign, 2, reference, random.Random(2), kind)
+    assert outcome.failures == []
+    assert outcome.kills == 2
+    restarted = 2 * (1 + (kind == harness.FANOUT_BOTH_KIND))  # owners, and the victim
+    assert outcome.runs == 1 + campaign.consumers + restarted
+    assert (outcome.lost, outcome.duplicated, outcome.stalls) == (0, 0, 0)
+    assert outcome.leaks == []  # /dev/shm, any complaint of a resource tracker, processes
+    for index in range(campaign.consumers):  # each re-attached and restored its own state
+        assert campaign.consumed(index) == reference
+    assert campaign.attaches(campaign.victim) == 1 + 2  # to each owner
+
+
+def test_a_killed_owners_tracker_report_of_its_cleanup_is_not_a_complaint() -> None:
+    cleanup = (
+        "/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: "
+        "resource_tracker: There appear to be 4 leaked shared_memory objects to clean up "
+        "at shutdown\n  warnings.warn('resource_tracker: There appear to be %d '"
+    )
+    missing = (
+        "resource_tracker.py:267: UserWarning: resource_tracker: '/ibl_1_ab_t2_b3': [Errno 2] "
+        "No such file or directory: '/ibl_1_ab_t2_b3'\n  warnings.warn('resource_tracker: "
+        "%r: %s' % (name, e))"
+    )
+    assert harness._without_tracker_cleanup(f"before\n{cleanup}\nafter") == "before\nafter"
+    assert "resource_tracker" in harness._without_tracker_cleanup(f"{cleanup}\n{missing}")
+
+
 def test_a_segment_named_after_a_process_of_the_run_is_a_leak() -> None:
     name = f"ibl_{os.getpid()}_feedbeef_b0"
     Path("/dev/shm", name).write_bytes(b"x")

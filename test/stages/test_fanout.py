@@ -10,6 +10,8 @@ import json
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -774,6 +776,78 @@ def kill_after_arrays(address: str, index: int, count: int) -> None:
     for _ in range(count):
         next(consumer)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def small_array_item(i: int) -> dict[str, Any]:
+    """An item whose one array (128 KiB) goes through shared memory."""
+    import numpy as np
+
+    return {"i": i, "array": np.full(1 << 15, i, dtype=np.int32)}
+
+
+def hold_items(address: str, index: int, ready: str) -> None:
+    """A consumer process that takes 3 items, says so in the file `ready`, and holds them."""
+    consumer = attach(address, index, timeout=20, prefetch=3)
+    held = [next(consumer) for _ in range(3)]
+    Path(ready).write_text(str(len(held)))
+    time.sleep(HANG)
+
+
+def serve_to_killable_consumers(address: str, method: str, ready: str) -> None:
+    """An owner that serves two consumer processes started with `method` (sharing its
+    resource tracker) and writes its pid and theirs to `ready` once both hold items."""
+    fan = FanOut(MapIterator(native_range(10**6), small_array_item), 2, max_lag=4)
+    fan.serve(address)
+    context = multiprocessing.get_context(method)
+    consumers = [
+        context.Process(target=hold_items, args=(address, i, f"{ready}.{i}")) for i in range(2)
+    ]
+    for process in consumers:
+        process.start()
+    assert wait_until(lambda: all(Path(f"{ready}.{i}").exists() for i in range(2)), HANG)
+    Path(ready).write_text(json.dumps([os.getpid(), *(p.pid for p in consumers)]))
+    time.sleep(HANG)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_an_owner_killed_together_with_its_consumer_processes_leaves_no_segment(
+    method: str, tmp_path: Path
+) -> None:
+    # The owner runs in an interpreter of its own, as a job does: its resource tracker is
+    # its own (shared with the consumers it starts), not this test process's.
+    ready, stderr = tmp_path / "ready", tmp_path / "stderr"
+    code = (
+        "import test_fanout; test_fanout.serve_to_killable_consumers"
+        f"({str(tmp_path / 'fan.sock')!r}, {method!r}, {str(ready)!r})"
+    )
+    path = os.pathsep.join(entry for entry in sys.path if entry)
+    with open(stderr, "wb") as errors:
+        owner = subprocess.Popen(
+            [sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": path}, stderr=errors
+        )
+    prefix = f"ibl_{owner.pid}_"
+
+    def left() -> list[str]:
+        return [name for name in os.listdir("/dev/shm") if name.startswith(prefix)]
+
+    pids = [owner.pid]
+    try:
+        assert wait_until(lambda: ready.exists() and ready.read_text(), 60)
+        pids = json.loads(ready.read_text())
+        assert left()  # the items the consumers hold, and those kept for them
+        for pid in pids:  # all at once: nobody is left to unlink anything
+            os.kill(pid, signal.SIGKILL)
+        owner.wait()
+        assert wait_until(lambda: not left(), HANG), left()  # the tracker unlinked them
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        owner.wait()
+    report = stderr.read_text()
+    assert "leaked shared_memory objects" in report  # what it found, as it always says
+    assert "No such file" not in report, report  # nobody unlinked a name behind its back
+    assert "Traceback" not in report, report
 
 
 def _start_target(target: Any, *args: Any) -> multiprocessing.process.BaseProcess:
