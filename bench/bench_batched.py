@@ -17,7 +17,10 @@ Configurations:
   ours batched fast   the same with ``encode_batch_fast`` (no character offsets: what a
                       training pipeline needs of the ids alone);
   ours 2 processes    ``ParallelMapIterator(..., batched=True)``: 2 worker processes, each
-                      calling ``encode_batch_fast`` on tasks of 1,000 lines;
+                      calling ``encode_batch_fast`` on tasks of 2,000 lines (the default 4
+                      tasks in flight then cover the consumer's pauses: reading a shuffle
+                      block of 100,000 lines); the chunks are read and decompressed in 2
+                      background threads (``read_ahead_chunks=2``);
   ours 2 threads      the same with ``mode="thread"``: 2 worker threads of this process,
                       each calling ``encode_batch_fast``, which releases the GIL while it
                       encodes; nothing is pickled. The tokenizer's own thread pool is off
@@ -59,6 +62,8 @@ BUFFER_SIZE = 100_000
 READ_AHEAD = 10_000
 TOKENS_PER_BATCH = 2048
 BATCH_CALL = 1000
+TASK_LINES = 2000
+READ_AHEAD_CHUNKS = 2
 
 
 def train_tokenizer(chunks: list[str], vocab_size: int) -> Any:
@@ -86,8 +91,10 @@ def pipeline(
     buffer_size: int = BUFFER_SIZE,
     read_ahead: int = READ_AHEAD,
 ) -> Any:
+    parallel = batched in ("processes", "threads")
+    reading = {"read_ahead_chunks": READ_AHEAD_CHUNKS} if parallel else {}
     samples = lib.datasets.chunked_dataset_iterator(
-        chunks, read_chunk, buffer_size=buffer_size, seed=1
+        chunks, read_chunk, buffer_size=buffer_size, seed=1, **reading
     )
     if batched:
         call = tokenizer.encode_batch if batched == "batch" else tokenizer.encode_batch_fast
@@ -97,11 +104,11 @@ def pipeline(
 
         if batched == "processes":
             tokens = lib.iterators.ParallelMapIterator(
-                samples, encode_batch, 2, BATCH_CALL, start_method="fork", batched=True
+                samples, encode_batch, 2, TASK_LINES, start_method="fork", batched=True
             )
         elif batched == "threads":
             tokens = lib.iterators.ParallelMapIterator(
-                samples, encode_batch, 2, BATCH_CALL, mode="thread", batched=True
+                samples, encode_batch, 2, TASK_LINES, mode="thread", batched=True
             )
         else:
             tokens = lib.iterators.BatchMapIterator(samples, encode_batch, BATCH_CALL)
