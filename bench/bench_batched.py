@@ -39,12 +39,18 @@ checked to be identical, in an untimed pass of each first (hashing the batches c
 about 2 µs a line, which would otherwise count as the pipeline's). Target: the best
 batched configuration >= 2x infinibatch; judge it against the ceiling's speed-up.
 
-Run ``python bench/bench_batched.py [--quick]``; results go to ``bench/results/batched.json``.
+``--gc-threshold 50000`` gives this process (its worker threads, the in-process
+configurations, infinibatch and the ceiling's forked processes alike) the collector
+threshold of the library's worker processes.
+
+Run ``python bench/bench_batched.py [--quick] [--gc-threshold N]``; results go to
+``bench/results/batched.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import multiprocessing
 import os
@@ -213,7 +219,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--lines", type=int, default=100_000)
+    parser.add_argument(
+        "--gc-threshold", type=int, default=None,
+        help="this process's first-generation collector threshold, for every configuration "
+        "and the ceiling's processes (default: Python's, 700)",
+    )
     args = parser.parse_args()
+    if args.gc_threshold is not None:
+        gc.set_threshold(args.gc_threshold, *gc.get_threshold()[1:])
     reps = 1 if args.quick else args.reps
     lines = 20_000 if args.quick else args.lines
     chunks = build_corpus(lines=200_000)
@@ -281,6 +294,7 @@ def main() -> None:
         "batched" + ("-quick" if args.quick else ""),
         {
             "lines": lines,
+            "gc_threshold": gc.get_threshold()[0],
             "rates": rates,
             "cpu_us_per_line": cpus,
             "ceiling_rates": ceilings,
