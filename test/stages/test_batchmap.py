@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import threading
 from typing import Any
 
 import numpy as np
@@ -166,6 +167,21 @@ def test_parallel_batched_map_restores_exactly_between_items_of_a_batch(mode_met
     with build() as resumed:
         resumed.setstate(json.loads(json.dumps(state)))
         assert list(resumed) == reference[9:]
+
+
+def test_batch_calls_run_at_once_in_worker_threads() -> None:
+    # Each call waits for the other at a barrier (as a tokenizer's batch call releases the
+    # GIL while it encodes): two calls in flight at once pass it, serialized calls break it.
+    meeting = threading.Barrier(2, timeout=10)
+
+    def meet_then_square(items: list[int]) -> list[int]:
+        meeting.wait()
+        return square_each(items)
+
+    with it.ParallelMapIterator(
+        native(8), meet_then_square, 2, 2, mode="thread", batched=True
+    ) as pipeline:
+        assert list(pipeline) == [x * x for x in range(8)]
 
 
 @pytest.mark.parametrize("mode", ["thread", "process"])
