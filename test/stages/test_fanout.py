@@ -595,9 +595,18 @@ def _segment_at(address: int) -> str | None:
     return None
 
 
+def single_threaded_torch() -> None:
+    """What a consumer process forked after torch ran its thread pool does first (as
+    docs/howto/several-consumers.md says): a forked OpenMP pool may hang."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def consume_arrays(address: str, index: int, out: str) -> None:
     """A consumer process: records each item's digests and the segments its array and
     tensor lie in, then writes into them (its copies are its own)."""
+    single_threaded_torch()
     records = []
     with attach(address, index, timeout=20, prefetch=4) as consumer:
         for item in consumer:
@@ -656,6 +665,7 @@ def test_large_arrays_reach_every_consumer_process_as_one_shared_copy(
 def keep_arrays(address: str, index: int, out: str) -> None:
     """A consumer process that keeps every item it reads, then records their digests: a
     segment it still maps is never written again by the owner."""
+    single_threaded_torch()
     with attach(address, index, timeout=20, prefetch=4) as consumer:
         kept = list(consumer)
     records = [
