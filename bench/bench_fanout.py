@@ -5,10 +5,9 @@
 
 The pipeline is P1 of ``bench_pipeline.py`` (chunked gzip text, shuffle buffer, tokenized,
 bucketed batches of about 2048 tokens) over the bench corpus. Every scenario consumes N
-batches per consumer, each batch used and dropped as a training loop does (its digest,
-for the checks, is taken on arrival and its CPU not counted); the CPU time counted is
-this process's, plus its children's (the loops of consumer processes) where there are
-some:
+batches per consumer, each batch dropped once taken, as a training loop that hands it to
+its model does; the CPU time counted is this process's, plus its children's (the loops
+of consumer processes) where there are some:
 
 - ``one pipeline``: one consumer, one pipeline (the unit of the ratios);
 - ``K independent pipelines``: what K consumers cost without a fan-out (about K x);
@@ -19,7 +18,8 @@ some:
   trip);
 - ``FanOut split, 2 processes``: 2 consumer processes share the first 2N batches.
 
-Checks: every replicate consumer's batches are the single pipeline's first N batches
+Checks, on one more run of each scenario whose consumers digest every batch (not timed):
+every replicate consumer's batches are the single pipeline's first N batches
 (by digest); the split consumers' batches are its first 2N batches, each exactly once,
 batch k to consumer k % 2. Target: K=4 replicate costs <= 1.25x the CPU of one pipeline.
 """
@@ -82,49 +82,58 @@ def batch_digest(batch: Any) -> bytes:
     return bench_pipeline.batch_digest(batch)
 
 
-Run = tuple[list[list[bytes]], float, float]
-"""What a scenario returns: each consumer's digests, the CPU seconds its consumer
-processes spent taking their batches, and the CPU seconds this process spent on digests."""
+Run = tuple[list[list[bytes]], float]
+"""What a scenario returns: each consumer's digests (on a checking run), and the CPU
+seconds its consumer processes spent taking their batches."""
+
+_checking = [False]
+"""Whether the consumers digest their batches (a run for the checks, not timed)."""
 
 
-def measure(action: Callable[[], Run]) -> tuple[float, float, list[list[bytes]]]:
-    """(CPU s, wall s, each consumer's digests) of `action`: the CPU of this process and
-    of the consumer processes' loops (their start-up and digests not counted)."""
+def measure(action: Callable[[], Run]) -> tuple[float, float]:
+    """(CPU s, wall s) of `action`: the CPU of this process and of the consumer
+    processes' loops (their start-up not counted)."""
     gc.collect()  # what an earlier scenario left is not this one's cost
     cpu, wall = time.process_time(), time.perf_counter()
-    digests, children, digesting = action()
-    spent = time.process_time() - cpu + children - digesting
-    return spent, time.perf_counter() - wall, digests
+    _, children = action()
+    return time.process_time() - cpu + children, time.perf_counter() - wall
 
 
-def take(iterator: Any, batches: int) -> tuple[list[bytes], float]:
-    """The digests of the next `batches` batches, each dropped once digested, and the CPU
-    seconds (of this thread) the digests took."""
-    digests, digesting = [], 0.0
+def checked(action: Callable[[], Run]) -> list[list[bytes]]:
+    """Each consumer's digests of its batches, on a run of `action` whose consumers
+    digest them."""
+    _checking[0] = True
+    try:
+        return action()[0]
+    finally:
+        _checking[0] = False
+
+
+def take(iterator: Any, batches: int) -> list[bytes]:
+    """The next `batches` batches, each dropped once taken (its digest kept on a
+    checking run)."""
+    if _checking[0]:
+        return [batch_digest(next(iterator)) for _ in range(batches)]
     for _ in range(batches):
-        batch = next(iterator)
-        start = time.thread_time()
-        digests.append(batch_digest(batch))
-        digesting += time.thread_time() - start
-    return digests, digesting
+        next(iterator)
+    return []
 
 
 def one_pipeline(lib: _util.Library, chunks: list[str], batches: int) -> Run:
     single = pipeline(lib, chunks)
-    digests, digesting = take(single, batches)
+    digests = take(single, batches)
     single.close()
-    return [digests], 0.0, digesting
+    return [digests], 0.0
 
 
 def independent(lib: _util.Library, chunks: list[str], batches: int, consumers: int) -> Run:
-    runs = [one_pipeline(lib, chunks, batches) for _ in range(consumers)]
-    return [run[0][0] for run in runs], 0.0, sum(run[2] for run in runs)
+    return [one_pipeline(lib, chunks, batches)[0][0] for _ in range(consumers)], 0.0
 
 
 def fan_out_threads(lib: _util.Library, chunks: list[str], batches: int, consumers: int) -> Run:
     with FanOut(pipeline(lib, chunks), consumers, max_lag=16) as fan:
         readers = [fan.consumer(i) for i in range(consumers)]
-        out: list[tuple[list[bytes], float]] = [([], 0.0)] * consumers
+        out: list[list[bytes]] = [[]] * consumers
 
         def read(i: int) -> None:
             out[i] = take(readers[i], batches)
@@ -134,15 +143,18 @@ def fan_out_threads(lib: _util.Library, chunks: list[str], batches: int, consume
             thread.start()
         for thread in threads:
             thread.join()
-    return [digests for digests, _ in out], 0.0, sum(digesting for _, digesting in out)
+    return out, 0.0
 
 
-def consumer_process(address: str, index: int, batches: int, results: Any) -> None:
+def consumer_process(
+    address: str, index: int, batches: int, checking: bool, results: Any
+) -> None:
     gc.freeze()  # as the library's own workers do: collections skip what fork inherited
     consumer = attach(address, index, timeout=60, prefetch=PREFETCH)
     cpu = time.process_time()
-    digests, digesting = take(consumer, batches)
-    cpu = time.process_time() - cpu - digesting
+    _checking[0] = checking  # not inherited under spawn and forkserver
+    digests = take(consumer, batches)
+    cpu = time.process_time() - cpu
     consumer.close()
     results.send((digests, cpu))
     results.close()
@@ -163,7 +175,9 @@ def fan_out_processes(
         address = fan.serve(os.path.join(tmp, "fan.sock"))
         pipes = [context.Pipe(duplex=False) for _ in range(consumers)]
         processes = [
-            context.Process(target=consumer_process, args=(address, i, batches, pipes[i][1]))
+            context.Process(
+                target=consumer_process, args=(address, i, batches, _checking[0], pipes[i][1])
+            )
             for i in range(consumers)
         ]
         for process in processes:
@@ -171,7 +185,7 @@ def fan_out_processes(
         results = [reader.recv() for reader, _ in pipes]
         for process in processes:
             process.join()
-    return [digests for digests, _ in results], sum(cpu for _, cpu in results), 0.0
+    return [digests for digests, _ in results], sum(cpu for _, cpu in results)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,17 +239,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     cpu: dict[str, list[float]] = {name: [] for name in scenarios}
     wall: dict[str, list[float]] = {name: [] for name in scenarios}
-    digests: dict[str, list[list[bytes]]] = {}
     for rep in range(args.reps):  # each repeat in another order: no scenario always first
         names = list(scenarios)
         for name in names[rep % len(names) :] + names[: rep % len(names)]:
-            action = scenarios[name]
-            spent, elapsed, got = measure(action)
+            spent, elapsed = measure(scenarios[name])
             cpu[name].append(spent)
             wall[name].append(elapsed)
-            digests[name] = got
-
-    reference = one_pipeline(lib, chunks, 2 * batches)[0][0]
+    digests = {name: checked(action) for name, action in scenarios.items()}
+    reference = checked(lambda: one_pipeline(lib, chunks, 2 * batches))[0]
     exact = {
         name: all(got == reference[:batches] for got in digests[name])
         for name in scenarios
