@@ -6,9 +6,9 @@ the pipeline of `fault_loop.py` to consumer processes, each a training loop of i
 ``fault_loop.py`` (``build_pipeline``; with ``--arrays`` its items carry numpy arrays,
 which the consumers map from the owner's shared memory), serves it in ``"replicate"``
 mode at ``WORKDIR/fan.sock`` and exits once every consumer has closed (or on SIGTERM). A
-restarted owner (its predecessor killed with SIGKILL) first removes the socket file that
-its predecessor left; it starts its pipeline from the beginning, and each consumer that
-attaches moves it to that consumer's own checkpoint.
+restarted owner (its predecessor killed with SIGKILL) serves where its predecessor did
+(`serve` replaces the socket file a dead owner left); it starts its pipeline from the
+beginning, and each consumer that attaches moves it to that consumer's own checkpoint.
 
 ``python bench/fault_fanout_loop.py consumer WORKDIR INDEX --batches N --every K`` attaches
 to consumer INDEX and trains on N batches as ``fault_loop.py`` does: every batch goes to
@@ -24,7 +24,6 @@ attaches to the restarted owner (waiting for it) and restores its latest checkpo
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
@@ -60,8 +59,6 @@ def owner(args: argparse.Namespace) -> None:
 
     signal.signal(signal.SIGTERM, preempted)
     address = args.workdir / SOCKET
-    with contextlib.suppress(FileNotFoundError):  # left by an owner killed with SIGKILL
-        address.unlink()
     pipeline = build_pipeline(
         args.corpus, args.start_method, args.prefetch_mode, args.nesting, args.arrays
     )

@@ -17,10 +17,12 @@ its next request) or is gone."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pickle
 import selectors
 import socket
+import stat
 import sys
 import threading
 import time
@@ -78,15 +80,7 @@ class Server(Resource):
 
     def __init__(self, hub: Hub, address: str) -> None:
         self.hub, self.address = hub, address
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            listener.bind(address)
-        except OSError as error:
-            listener.close()
-            raise ValueError(
-                f"{NAME}.serve: cannot create the socket {address!r} ({error}); give a path "
-                "in an existing directory, where no file is"
-            ) from error
+        listener = _listening(address)
         os.chmod(address, 0o600)
         listener.listen()
         listener.setblocking(False)
@@ -393,6 +387,52 @@ class Server(Resource):
         for fd in (self._wake_read, self._wake_write):
             if fd >= 0:  # still open (in the parent, too: the child has copies)
                 os.close(fd)
+
+
+def _listening(address: str) -> socket.socket:
+    """A socket bound to `address`, where the socket file of an owner that died (nothing
+    answers there) is replaced; ValueError where another owner serves or a file is."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        try:
+            listener.bind(address)
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                raise
+            _remove_dead_socket(address)
+            listener.bind(address)
+    except OSError as error:
+        listener.close()
+        raise ValueError(
+            f"{NAME}.serve: cannot create the socket {address!r} ({error}); give a path "
+            "in an existing directory, where no file is"
+        ) from error
+    except BaseException:
+        listener.close()
+        raise
+    return listener
+
+
+def _remove_dead_socket(address: str) -> None:
+    """Unlink the socket file at `address` if nothing answers there (its owner died);
+    ValueError if it is not a socket, or if an owner serves there."""
+    if not stat.S_ISSOCK(os.lstat(address).st_mode):
+        raise ValueError(
+            f"{NAME}.serve: {address!r} exists and is not a socket; give a path where no "
+            "file is"
+        )
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(address)
+    except ConnectionRefusedError:  # left by an owner that died (SIGKILL leaves it)
+        os.unlink(address)
+        return
+    finally:
+        probe.close()
+    raise ValueError(
+        f"{NAME}.serve: another owner serves at {address!r}; close it first, or give "
+        "another path"
+    )
 
 
 def _after_fork_in_child() -> None:

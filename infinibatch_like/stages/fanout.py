@@ -213,8 +213,13 @@ class FanOut(Generic[T]):
 
     def serve(self, address: str) -> str:
         """Serve the consumers not taken in this process to processes of this host that
-        ``attach(address, index)``; `address` is the path of a Unix socket to create (it
-        must not exist). Returns `address`. Serving stops at `close`."""
+        ``attach(address, index)``; `address` is the path of a Unix socket to create: where
+        no file is, or where an owner that died left its socket (nothing answers there;
+        it is replaced). Returns `address`. Serving stops at `close`.
+
+        Raises:
+            ValueError: if another owner serves at `address`, or a file other than a
+                socket is there."""
         from ..background.fanout_server import Server
 
         if self._server[0] is not None:

@@ -492,6 +492,37 @@ def serve_for_a_while(address: str) -> None:
     time.sleep(60)
 
 
+def test_serving_where_a_killed_owner_left_its_socket_replaces_it(tmp_path: Path) -> None:
+    address = str(tmp_path / "fan.sock")
+    owner = multiprocessing.get_context("fork").Process(target=serve_for_a_while, args=(address,))
+    owner.start()
+    try:
+        assert next(attach(address, 0, timeout=30)) == 0  # it serves
+    finally:
+        owner.kill()
+        owner.join()
+    assert os.path.exists(address)  # what SIGKILL leaves
+    with FanOut(upstream(5), 1) as fan:
+        fan.serve(address)
+        with attach(address, 0, timeout=5) as consumer:
+            assert list(consumer) == [0, 10, 20, 30, 40]
+
+
+def test_serving_where_an_owner_serves_or_a_file_is_is_refused(tmp_path: Path) -> None:
+    address = str(tmp_path / "fan.sock")
+    with FanOut(upstream(5), 1) as live, FanOut(upstream(5), 1) as second:
+        live.serve(address)
+        with pytest.raises(ValueError, match=r"another owner serves at .*fan\.sock"):
+            second.serve(address)
+        with attach(address, 0, timeout=5) as consumer:  # the first still serves
+            assert next(consumer) == 0
+    plain = tmp_path / "notes.txt"
+    plain.write_text("keep me")
+    with FanOut(upstream(5), 1) as fan, pytest.raises(ValueError, match="not a socket"):
+        fan.serve(str(plain))
+    assert plain.read_text() == "keep me"
+
+
 def test_a_prefetching_remote_consumer_yields_the_stream_and_checkpoints_exactly(
     tmp_path: Path,
 ) -> None:
