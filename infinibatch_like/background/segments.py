@@ -186,24 +186,25 @@ _pylibc.write.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
 _pylibc.write.restype = ctypes.c_ssize_t
 
 
-def _posix_shm_unlink(path: bytes) -> int:
-    """``shm_unlink`` through CPython's module (it lets the GIL go): 0, or -1 and errno."""
+def _as_libc(call: Callable[[], int | None]) -> int:
+    """What `call()` (of CPython's `_posixshmem`, which lets the GIL go) returns, as libc
+    would: its result (0 for None), or -1 with errno set."""
     try:
-        _posixshmem.shm_unlink(path.decode())
+        result = call()
     except OSError as error:
         ctypes.set_errno(error.errno or 0)
         return -1
-    return 0
+    return 0 if result is None else result
+
+
+def _posix_shm_unlink(path: bytes) -> int:
+    """``shm_unlink`` through CPython's module: 0, or -1 and errno."""
+    return _as_libc(lambda: _posixshmem.shm_unlink(path.decode()))
 
 
 def _posix_shm_open(path: bytes, flags: int, mode: int) -> int:
-    """``shm_open`` through CPython's module (see `_posix_shm_unlink`)."""
-    try:
-        fd: int = _posixshmem.shm_open(path.decode(), flags, mode)
-    except OSError as error:
-        ctypes.set_errno(error.errno or 0)
-        return -1
-    return fd
+    """``shm_open`` through CPython's module: a descriptor, or -1 and errno."""
+    return _as_libc(lambda: _posixshmem.shm_open(path.decode(), flags, mode))
 
 
 _SHM_OPEN: Callable[[bytes, int, int], int]

@@ -79,6 +79,27 @@ class Sender:
     array_loader: Callable[..., Any]
     tensor_loader: Callable[..., Any]
 
+    def __init__(self) -> None:
+        self._file = io.BytesIO()
+        self._pickler = _Pickler(self._file, self)
+        """Reused from message to message (making one costs as much as a small message)."""
+
+    def _pickled(self, obj: Any, undo: Callable[[], None]) -> bytes:
+        """`obj` pickled, its large arrays and tensors through this sender's segments; if
+        pickling fails, `undo()` gives back the segments it took (and the error is
+        raised)."""
+        file, pickler = self._file, self._pickler
+        file.seek(0)
+        file.truncate()
+        try:
+            pickler.dump(obj)
+        except BaseException:
+            undo()
+            raise
+        finally:
+            pickler.clear_memo()  # holds the message's objects
+        return file.getvalue()
+
     def space(self, size: int) -> tuple[Any, Any] | None:
         """A writable buffer of `size` bytes in a segment and its reference, or None."""
         raise NotImplementedError
@@ -137,9 +158,7 @@ class Outgoing(Sender):
         """The segments of the message being pickled..."""
         self._fresh: list[segments.Segment] = []
         """... and those created for it."""
-        self._file = io.BytesIO()
-        self._pickler = _Pickler(self._file, self)
-        """Reused from message to message (making one costs as much as a small message)."""
+        super().__init__()
         self.array_loader, self.tensor_loader = _attach_array, _attach_tensor
 
     def _unread(self) -> int:
@@ -196,12 +215,8 @@ class Outgoing(Sender):
         fails, the segments it took are given back (and the error raised)."""
         newest, retired = self._newest, list(self._retired)
         self._sending, self._fresh = [], []
-        file, pickler = self._file, self._pickler
-        file.seek(0)
-        file.truncate()
-        try:
-            pickler.dump(obj)
-        except BaseException:
+
+        def give_back() -> None:
             for segment in self._sending:
                 segment.memory.flag = 0
             for segment in self._fresh:  # never sent: gone again
@@ -209,11 +224,11 @@ class Outgoing(Sender):
                 unlink_name(segment.name)
                 segment.memory.close()
             self._newest, self._retired = newest, retired
-            raise
+
+        try:
+            return self._pickled(obj, give_back)
         finally:
             self._sending, self._fresh = [], []
-            pickler.clear_memo()  # holds the message's objects
-        return file.getvalue()
 
     def wait_taken(self, alive: Callable[[], bool], poll_s: float = 0.02) -> None:
         """Wait until the receiver has mapped every segment sent (it maps them in order),

@@ -33,7 +33,6 @@ not know it, or unlinked behind its back, makes the tracker complain).
 from __future__ import annotations
 
 import contextlib
-import io
 import mmap
 import os
 import secrets
@@ -65,21 +64,17 @@ class Broadcast(shm.Sender):
         self._created = 0
         self._names: list[str] = []
         """The segments of the message being pickled."""
-        self._file = io.BytesIO()
-        self._pickler = shm._Pickler(self._file, self)
+        super().__init__()
         self.array_loader, self.tensor_loader = _attach_array, _attach_tensor
-        self._fds: dict[str, int] = {}
-        """Every segment of this sender (named): an open descriptor, to write it again."""
-        self._capacity: dict[str, int] = {}
+        self._segments: dict[str, tuple[int, int]] = {}
+        """Every segment of this sender (named): an open descriptor (to write it again)
+        and its capacity."""
         self._holds: Counter[str] = Counter()
         """The holders of each segment in use (its message, and receivers)."""
         self._held_by: dict[int, Counter[str]] = {}
         """The segments sent to each receiver process and not released by it."""
         self._pool: dict[int, list[str]] = {}
         """The unused segments, by capacity."""
-        self._pooled = 0
-        """Their segments' count."""
-        self._pooled_bytes = 0
 
     def copy_in(self, obj: Any, order: str, np: Any) -> Any | None:
         values = memoryview(np.ravel(obj, order=order).view(np.uint8))  # no copy if contiguous
@@ -88,9 +83,7 @@ class Broadcast(shm.Sender):
         free = self._pool.get(capacity)
         if free:
             name = free.pop()
-            self._pooled -= 1
-            self._pooled_bytes -= capacity
-            fd = self._fds[name]
+            fd = self._segments[name][0]
         else:
             name = f"{self.prefix}{self._created}"
             try:
@@ -98,7 +91,7 @@ class Broadcast(shm.Sender):
             except OSError:  # no room in /dev/shm: pickled in the message
                 return None
             self._created += 1
-            self._fds[name], self._capacity[name] = fd, capacity
+            self._segments[name] = fd, capacity
         try:
             segments.write(fd, values, segments.HEADER)
         except OSError:  # no room in /dev/shm for its pages: pickled in the message
@@ -113,18 +106,9 @@ class Broadcast(shm.Sender):
         those segments, which the message holds until `drop`. If pickling fails, the
         segments it took are let go (and the error raised)."""
         self._names = []
-        file, pickler = self._file, self._pickler
-        file.seek(0)
-        file.truncate()
-        try:
-            pickler.dump(obj)
-        except BaseException:
-            self.drop(self._names)
-            raise
-        finally:
-            pickler.clear_memo()  # holds the message's objects
+        data = self._pickled(obj, lambda: self.drop(self._names))
         names, self._names = self._names, []
-        return file.getvalue(), names
+        return data, names
 
     def drop(self, names: Iterable[str]) -> None:
         """The message of segments `names` will not be sent any more."""
@@ -171,33 +155,31 @@ class Broadcast(shm.Sender):
         if self._holds[name]:
             return
         del self._holds[name]
-        capacity = self._capacity[name]
-        if self._pooled < POOL_SEGMENTS and self._pooled_bytes + capacity <= POOL_BYTES:
+        capacity = self._segments[name][1]
+        pooled = sum(len(names) for names in self._pool.values())
+        pooled_bytes = sum(size * len(names) for size, names in self._pool.items())
+        if pooled < POOL_SEGMENTS and pooled_bytes + capacity <= POOL_BYTES:
             self._pool.setdefault(capacity, []).append(name)
-            self._pooled += 1
-            self._pooled_bytes += capacity
         else:
             self._unlink(name)
 
     def _unlink(self, name: str) -> None:
-        os.close(self._fds.pop(name))
-        del self._capacity[name]
+        os.close(self._segments.pop(name)[0])
         segments.unlink_name(name)
 
     def close(self) -> None:
         """Unlink every segment (receivers' mappings stay valid). Idempotent."""
-        for name in list(self._fds):
+        for name in list(self._segments):
             self._unlink(name)
         self._holds.clear()
         self._held_by.clear()
         self._pool.clear()
-        self._pooled = self._pooled_bytes = 0
 
     def forget(self) -> None:
         """In a forked child: close the inherited descriptors (the names stay)."""
-        for fd in self._fds.values():
+        for fd, _ in self._segments.values():
             os.close(fd)
-        self._fds.clear()
+        self._segments.clear()
 
 
 def _size_class(size: int) -> int:
