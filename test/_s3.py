@@ -73,12 +73,20 @@ class S3Server:
         return name
 
 
+class _Listener(ThreadingHTTPServer):
+    """Accepts a burst of connections at once: with the standard backlog of 5, a client
+    opening 8 at once (concurrent ranges) while the accepting thread waits for the GIL
+    has its extra connections dropped and retried by TCP a second later."""
+
+    request_queue_size = 128
+
+
 class LoopbackServer:
     """An HTTP server on 127.0.0.1 (a free port) that a daemon thread runs; `endpoint` is
     its URL. Use it as a context manager, or call `stop`."""
 
     def _serve(self, handler: type[BaseHTTPRequestHandler], thread_name: str) -> None:
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server = _Listener(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(

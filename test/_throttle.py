@@ -4,8 +4,8 @@
 than `rate` bytes per second, per request (as object stores cap each connection), so that
 only requests in flight at once add up to more. It counts the requests by method, the body
 bytes of the GET answers per object path (counted as the answer starts), and the answers
-being sent; an answer whose client closed its connection ends at its next write.
-Use it as a context manager, or call `stop`.
+being sent (and the most at once since `reset`); an answer whose client closed its
+connection ends at its next write. Use it as a context manager, or call `stop`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class ThrottlingProxy(LoopbackServer):
 
     def __init__(self, target: str, rate: float | None, step: int = SLICE) -> None:
         self.target, self.rate, self.step = target, rate, step
-        self._sending = 0
+        self._sending = self._most_sending = 0
         self._lock = threading.Lock()
         self._requests: Counter[str] = Counter()
         self._gets: Counter[str] = Counter()
@@ -63,15 +63,22 @@ class ThrottlingProxy(LoopbackServer):
         with self._lock:
             return self._sending
 
+    def most_answering(self) -> int:
+        """The most answers sent at once since the proxy started or was `reset`."""
+        with self._lock:
+            return self._most_sending
+
     def sending(self, change: int) -> None:
         with self._lock:
             self._sending += change
+            self._most_sending = max(self._most_sending, self._sending)
 
     def reset(self) -> None:
         with self._lock:
             self._requests.clear()
             self._gets.clear()
             self._bytes.clear()
+            self._most_sending = self._sending
 
 
 def _handler_class(proxy: ThrottlingProxy) -> type[BaseHTTPRequestHandler]:

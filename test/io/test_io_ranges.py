@@ -269,28 +269,28 @@ def big_text(size: int, seed: int = 0) -> bytes:
     return "".join(lines).encode()
 
 
-def test_concurrent_ranges_multiply_a_per_request_rate_cap(s3: S3Bucket) -> None:
+def test_ranges_in_flight_are_answered_at_once_under_a_per_request_rate_cap(
+    s3: S3Bucket,
+) -> None:
+    """The speed-up this buys (about 5x here at 8 in flight) is measured by
+    bench/bench_ranges.py; the test checks what produces it: the answers overlap."""
     data = big_text(3 << 19)
     url = s3.put("big.txt", data)
     range_size = 1 << 17
     ranges = -(-len(data) // range_size)
-    with ThrottlingProxy(s3.server.endpoint, rate=1.5e6) as proxy:
-        timings = {}
+    with ThrottlingProxy(s3.server.endpoint, rate=None) as proxy:
         for in_flight in (0, 8):
             fetch = FetchOptions(
                 ranges_in_flight=in_flight, range_size=range_size, ranges_from_size=1 << 20
             )
             options = {"endpoint_url": proxy.endpoint, "infinibatch_like": fetch}
             proxy.reset()
-            started = time.perf_counter()
+            proxy.rate = 3e5 if in_flight else None  # a range's answer takes 0.44 s
             with open_chunk(url, storage_options=options) as stream:
                 assert stream.read() == data
-            timings[in_flight] = time.perf_counter() - started
             assert proxy.gets("big.txt") == (ranges if in_flight else 1)
             assert proxy.bytes_sent("big.txt") == len(data)  # nothing fetched twice
-    # 8 requests in flight under the same per-request cap: about 5x here (2.5x: a wide
-    # margin for a loaded machine; bench/bench_ranges.py measures it)
-    assert timings[0] / timings[8] > 2.5, timings
+            assert proxy.most_answering() == max(in_flight, 1)
 
 
 @pytest.mark.parametrize("end", ["close", "drop"])
