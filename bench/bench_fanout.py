@@ -1,7 +1,7 @@
 """Fan-out: what it costs several consumers to read one pipeline, against each its own.
 
 ``python bench/bench_fanout.py [--quick] [--batches N] [--consumers K] [--start-method M]
-[--format {tokens,arrays}] [--min-kib KIB]``
+[--format {tokens,arrays}] [--min-kib KIB] [--prefetch P]``
 
 The pipeline is P1 of ``bench_pipeline.py`` (chunked gzip text, shuffle buffer, tokenized,
 bucketed batches of about 2048 tokens) over the bench corpus. Every scenario consumes N
@@ -13,9 +13,9 @@ of consumer processes) where there are some:
 - ``K independent pipelines``: what K consumers cost without a fan-out (about K x);
 - ``FanOut replicate, K threads``: one pipeline, K consumers reading it from threads;
 - ``FanOut replicate, K processes``: one pipeline in this process, K consumer processes
-  attached by a Unix socket (every batch pickled once, unpickled by each, its arrays of
-  64 KiB or more put once into shared memory that each maps; up to 8 batches a round
-  trip);
+  attached by a Unix socket (every batch pickled once into a ring of shared memory that
+  each reads in place, unpickled by each, its arrays of 64 KiB or more put once into
+  shared memory that each maps; up to ``--prefetch`` batches a round trip, 32 by default);
 - ``FanOut split, 2 processes``: 2 consumer processes share the first 2N batches.
 
 Checks, on one more run of each scenario whose consumers digest every batch (not timed):
@@ -48,8 +48,6 @@ from corpus import build_corpus
 from infinibatch_like import FanOut, attach
 
 TARGET = 1.25
-PREFETCH = 8
-"""Items a consumer process receives per round trip to the owner, at most."""
 
 
 def as_array(batch: list[list[str]]) -> Any:
@@ -66,6 +64,9 @@ def as_array(batch: list[list[str]]) -> Any:
 FORMATS = ("tokens", "arrays")
 _format = ["tokens"]
 _min_bytes = [0]
+_prefetch = [32]
+"""Items a consumer process receives per round trip to the owner, at most (``max_lag`` is
+twice as many, so that a consumer does not wait for the others to take its last answer)."""
 
 
 def pipeline(lib: _util.Library, chunks: list[str]) -> Any:
@@ -131,7 +132,7 @@ def independent(lib: _util.Library, chunks: list[str], batches: int, consumers: 
 
 
 def fan_out_threads(lib: _util.Library, chunks: list[str], batches: int, consumers: int) -> Run:
-    with FanOut(pipeline(lib, chunks), consumers, max_lag=16) as fan:
+    with FanOut(pipeline(lib, chunks), consumers, max_lag=2 * _prefetch[0]) as fan:
         readers = [fan.consumer(i) for i in range(consumers)]
         out: list[list[bytes]] = [[]] * consumers
 
@@ -147,10 +148,10 @@ def fan_out_threads(lib: _util.Library, chunks: list[str], batches: int, consume
 
 
 def consumer_process(
-    address: str, index: int, batches: int, checking: bool, results: Any
+    address: str, index: int, batches: int, checking: bool, prefetch: int, results: Any
 ) -> None:
     gc.freeze()  # as the library's own workers do: collections skip what fork inherited
-    consumer = attach(address, index, timeout=60, prefetch=PREFETCH)
+    consumer = attach(address, index, timeout=60, prefetch=prefetch)
     cpu = time.process_time()
     _checking[0] = checking  # not inherited under spawn and forkserver
     digests = take(consumer, batches)
@@ -170,13 +171,14 @@ def fan_out_processes(
 ) -> Run:
     context = multiprocessing.get_context(method)
     with tempfile.TemporaryDirectory() as tmp, FanOut(
-        pipeline(lib, chunks), consumers, mode=mode, max_lag=16
+        pipeline(lib, chunks), consumers, mode=mode, max_lag=2 * _prefetch[0]
     ) as fan:
         address = fan.serve(os.path.join(tmp, "fan.sock"))
         pipes = [context.Pipe(duplex=False) for _ in range(consumers)]
         processes = [
             context.Process(
-                target=consumer_process, args=(address, i, batches, _checking[0], pipes[i][1])
+                target=consumer_process,
+                args=(address, i, batches, _checking[0], _prefetch[0], pipes[i][1]),
             )
             for i in range(consumers)
         ]
@@ -209,10 +211,16 @@ def main(argv: list[str] | None = None) -> int:
         "on, consumer processes map it from shared memory instead of unpickling a copy)",
     )
     parser.add_argument(
+        "--prefetch",
+        type=int,
+        default=32,
+        help="batches a consumer process receives per round trip, at most (max_lag: twice)",
+    )
+    parser.add_argument(
         "--start-method", default="fork", choices=multiprocessing.get_all_start_methods()
     )
     args = parser.parse_args(argv)
-    _format[0], _min_bytes[0] = args.format, 1024 * args.min_kib
+    _format[0], _min_bytes[0], _prefetch[0] = args.format, 1024 * args.min_kib, args.prefetch
     lines = 200_000 if args.quick else 1_000_000
     batches = args.batches or (300 if args.quick else 1500)
     k, method = args.consumers, args.start_method
@@ -223,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         + (f" of at least {args.min_kib} KiB" if args.min_kib else "")
         + f"; {batches} batches per "
         f"consumer; {k} consumers; consumer "
-        f"processes started with {method!r}; {args.reps} repeats (median CPU)",
+        f"processes started with {method!r}, prefetch={args.prefetch}, "
+        f"max_lag={2 * args.prefetch}; {args.reps} repeats (median CPU)",
         flush=True,
     )
     scenarios: dict[str, Callable[[], Run]] = {
@@ -284,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     write_result(
         f"fanout-{args.format}"
         + (f"-{args.min_kib}kib" if args.min_kib else "")
+        + (f"-prefetch{args.prefetch}" if args.prefetch != 32 else "")
         + ("-quick" if args.quick else ""),
         {
             "arguments": vars(args),

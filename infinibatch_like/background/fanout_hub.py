@@ -99,22 +99,34 @@ class Hub:
 
     def _holding(self) -> list[int]:
         """The consumers that hold the others back: open and not at the end."""
+        if self.end is None:
+            return [i for i, closed in enumerate(self.closed) if not closed]
         return [i for i in range(self.consumers) if not self.closed[i] and not self._ended(i)]
 
-    def _needed(self) -> int:
-        """The smallest index that an open consumer still needs (`head` if none)."""
-        holding = self._holding()
-        return min((self.next_index(i) for i in holding), default=self.head)
-
-    def _blocker(self, consumer: int) -> int | None:
-        """The slowest consumer, if `consumer` is `max_lag` items ahead of it."""
-        holding = self._holding()
+    def _needed(self, holding: list[int] | None = None, lent: bool = False) -> int:
+        """The smallest index that an open consumer (of `holding`, if given) still needs
+        (`head` if none); `lent`: counting the items it may hold unused as not taken."""
+        holding = self._holding() if holding is None else holding
         if not holding:
+            return self.head
+        taken = self.taken
+        counts = [taken[i] - self.lent[i] for i in holding] if lent else [taken[i] for i in holding]
+        if self.mode == "replicate":
+            return min(counts)
+        return min(count * self.consumers + i for count, i in zip(counts, holding, strict=True))
+
+    def _least(self, holding: list[int]) -> int | None:
+        """The fewest items a consumer of `holding` has taken (None: none holds)."""
+        taken = self.taken
+        return min([taken[i] for i in holding]) if holding else None
+
+    def _blocker(self, consumer: int, holding: list[int], least: int | None) -> int | None:
+        """The slowest consumer of `holding` (which has taken `least` items), if
+        `consumer` is `max_lag` items ahead of it."""
+        taken = self.taken
+        if least is None or taken[consumer] - least < self.max_lag:
             return None
-        slowest = min(holding, key=lambda i: (self.taken[i], i))
-        if self.taken[consumer] - self.taken[slowest] >= self.max_lag:
-            return slowest
-        return None
+        return min(holding, key=lambda i: (taken[i], i))
 
     # -- items -------------------------------------------------------------------------
 
@@ -140,12 +152,15 @@ class Hub:
                     raise StopIteration
                 if self.failure is not None and index >= self.failure[0]:
                     raise self.failure[1]
-                blocker = self._blocker(consumer)
+                holding = self._holding()
+                least = self._least(holding)
+                blocker = self._blocker(consumer, holding, least)
                 if blocker is None:
                     if index < self.head:
-                        return index, self._hand_over(consumer, index)
+                        return index, self._hand_over(consumer, index, holding, least)
                     if not self.pulling:
-                        self._pull_until(max(index, min(index + PULL_AHEAD, self._window_end())))
+                        ahead = min(index + PULL_AHEAD, self._window_end(holding))
+                        self._pull_until(max(index, ahead))
                         continue
                 if not wait:
                     return None
@@ -155,7 +170,8 @@ class Hub:
         """For a consumer whose `take_at` (not waiting) found no item: raise if its wait
         must end (as `take_at` would while waiting for a remote consumer)."""
         with self.lock:
-            blocker = self._blocker(consumer)
+            holding = self._holding()
+            blocker = self._blocker(consumer, holding, self._least(holding))
             if blocker is not None:
                 self._check_blocker(consumer, blocker, False)
 
@@ -164,20 +180,25 @@ class Hub:
         if self.on_change is not None:
             self.on_change()
 
-    def _window_end(self) -> int:
+    def _window_end(self, holding: list[int]) -> int:
         """The last index that the buffer may hold now (`max_lag` items per consumer
-        after the slowest one)."""
+        after the slowest one of `holding`)."""
         width = self.max_lag * (self.consumers if self.mode == "split" else 1)
-        return self._needed() + width - 1
+        return self._needed(holding) + width - 1
 
-    def _hand_over(self, consumer: int, index: int) -> Any:
+    def _hand_over(self, consumer: int, index: int, holding: list[int], least: int | None) -> Any:
+        """Item `index` to `consumer`, one of `holding` (the consumers holding now, the
+        slowest of which has taken `least` items)."""
         item = self.buffer[index - self.base]
         taken = self.taken
-        slowest = taken[consumer] == min(taken[i] for i in self._holding())
+        slowest = taken[consumer] == least
         taken[consumer] += 1
         self.last_taken[consumer] = time.monotonic()
         self.last_thread[consumer] = threading.current_thread()
-        self._trim()
+        if self.end is not None:  # it may have reached the end: it holds no one back
+            self._trim()
+        elif slowest:  # else the slowest position, and what it needs, did not move (the
+            self._trim(holding)  # snapshots before lent items are trimmed at `lend`)
         if slowest:  # the others may wait for it: they may be free to go now
             self._notify()
         return item
@@ -255,19 +276,20 @@ class Hub:
             self.failure = (self.head, outcome[1])
         self._trim()
 
-    def _trim(self) -> None:
-        """Drop the items and snapshots that no open consumer needs any more."""
-        needed = self._needed()
+    def _trim(self, holding: list[int] | None = None) -> None:
+        """Drop the items and snapshots that no open consumer (of `holding`, if given: the
+        consumers holding now) needs any more."""
+        holding = self._holding() if holding is None else holding
+        needed = self._needed(holding)
         buffer = self.buffer
         while self.base < needed and buffer:
             buffer.popleft()
             self.base += 1
-        if any(self.lent):  # a remote consumer may not have used what it was sent
-            needed = min(
-                (self.next_index(i, self.taken[i] - self.lent[i]) for i in self._holding()),
-                default=needed,
-            )
         snapshots = self.snapshots
+        if len(snapshots) < 2 or snapshots[1][0] > needed:
+            return  # the next snapshot is needed (counting lent items can only lower it)
+        if any(self.lent):  # a remote consumer may not have used what it was sent
+            needed = self._needed(holding, lent=True) if holding else needed
         while len(snapshots) > 1 and snapshots[1][0] <= needed:
             snapshots.popleft()
 

@@ -9,10 +9,13 @@ another thread of the owner reading the upstream) is kept and answered once the 
 says that the consumers moved (`Hub.on_change`).
 
 Each item is pickled once for every consumer, its large numpy arrays and CPU tensors
-put once into shared memory (`shm_broadcast`) that each consumer maps. A reply is kept
-while a consumer may still take its item; its segments are held until then, and by each
-consumer process it was sent to until that process reports its mappings collected (with
-its next request) or is gone."""
+put once into shared memory (`shm_broadcast`) that each consumer maps. The pickled reply
+is written once into a ring of shared memory (`shm_arena`) that each consumer process
+maps at attach and reads in place: a consumer is sent where its items lie, not their
+bytes. A reply is kept while a consumer may still take its item; its segments are held
+until then, and by each consumer process it was sent to until that process reports its
+mappings collected (with its next request) or is gone; its place in the ring, until each
+consumer it was sent to asks for more (it has read the reply then) or is gone."""
 
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ import time
 import weakref
 from typing import Any
 
-from . import segments, shm_broadcast, wire
+from . import segments, shm_arena, shm_broadcast, wire
 from .errors import report_error
 from .fanout_hub import NAME, Hub
 from .lifecycle import POLL_S, THREAD_STOP_S, Resource
@@ -45,18 +48,30 @@ _SERVERS: weakref.WeakSet[Server] = weakref.WeakSet()
 
 class _Reply:
     """An item's reply, pickled once for every consumer; `names`: the segments it refers
-    to."""
+    to; `span`: where it lies in the ring (None: not there, its bytes are sent)."""
 
-    __slots__ = ("data", "names")
+    __slots__ = ("data", "names", "span")
 
     def __init__(self, data: bytes, names: list[str]) -> None:
         self.data, self.names = data, names
+        self.span: shm_arena.Span | None = None
 
 
 class _Client:
     """A connection and where its consumer is in the protocol."""
 
-    __slots__ = ("closed", "connection", "index", "outgoing", "pid", "reader", "since", "wants")
+    __slots__ = (
+        "closed",
+        "connection",
+        "index",
+        "outgoing",
+        "pid",
+        "reader",
+        "reading",
+        "ring",
+        "since",
+        "wants",
+    )
 
     def __init__(self, connection: socket.socket) -> None:
         self.connection = connection
@@ -73,6 +88,10 @@ class _Client:
         """When sending `outgoing` began."""
         self.closed = False
         """It asked to close: the connection ends once the answer is sent."""
+        self.ring = False
+        """Its process mapped the ring: its replies are sent as spans of it."""
+        self.reading: list[shm_arena.Span] = []
+        """The spans of its last answer (held until its next request)."""
 
 
 class Server(Resource):
@@ -94,6 +113,7 @@ class Server(Resource):
         self._claiming: dict[int, int] = {}
         """The next position of each consumer that is taking an item."""
         self._broadcast = shm_broadcast.Broadcast() if segments.ENABLED else None
+        self._ring = None if self._broadcast is None else _ring(self._broadcast.prefix)
         self._next_sweep = 0.0
         """When to look again for dead processes that hold segments (`Broadcast.sweep`)."""
         self._wake_read, self._wake_write = os.pipe()
@@ -175,7 +195,12 @@ class Server(Resource):
         if client.index < 0:
             self._attach(client, frame)
             return
+        self._read(client)
         request = pickle.loads(frame)
+        if request[0] == "ring":
+            client.ring = self._ring is not None and bool(request[1])
+            self._send(client, ("ok", None))
+            return
         if request[0] in ("next", "close"):
             self._released(client, request[2])
         if request[0] == "next":
@@ -198,7 +223,8 @@ class Server(Resource):
         client.index, client.pid = wanted, pid
         self.hub.connected(wanted, True)
         prefix = None if self._broadcast is None else self._broadcast.prefix
-        self._send(client, ("ok", (self.hub.consumers, self.hub.mode, os.getpid(), prefix)))
+        ring = None if self._ring is None else (self._ring.name, self._ring.capacity)
+        self._send(client, ("ok", (self.hub.consumers, self.hub.mode, os.getpid(), prefix, ring)))
 
     def _send(self, client: _Client, *messages: tuple[Any, ...] | bytes) -> None:
         client.outgoing = wire.frames(*messages)
@@ -226,6 +252,7 @@ class Server(Resource):
         if self._clients.pop(client.connection, None) is None:
             return
         self._next_sweep = 0.0  # its process may be gone: what it held is free
+        self._read(client)
         index = client.index
         if index >= 0:
             with self._lock:
@@ -272,7 +299,6 @@ class Server(Resource):
                 return
             replies.append(self._reply(client, *first))
             while len(replies) < most and isinstance(replies[-1], _Reply):
-                self._claim(index)
                 following = hub.take_at(index, wait=False)
                 if following is None:
                     break
@@ -282,25 +308,34 @@ class Server(Resource):
         except BaseException as error:  # re-raised in the consumer at its item
             replies.append(("error", report_error(error, self._where(), hub.source)))
         hub.lend(index, len(replies))
-        with self._lock:
+        with self._lock:  # the replies no consumer needs any more (none while it took)
             self._claiming.pop(index, None)
+            self._trim()
         client.wants = 0
-        frames = [reply.data if isinstance(reply, _Reply) else reply for reply in replies]
+        spans: list[tuple[int, int] | None] = []
+        frames: list[tuple[Any, ...] | bytes] = []
+        for reply in replies:
+            span = reply.span if isinstance(reply, _Reply) and client.ring else None
+            if span is not None:
+                spans.append((span.offset, span.length))
+            else:
+                spans.append(None)
+                frames.append(reply.data if isinstance(reply, _Reply) else reply)
         try:
-            self._send(client, ("items", len(replies)), *frames)
+            self._send(client, ("items", spans), *frames)
         except OSError:
             self._drop(client)
 
     def _claim(self, index: int) -> None:
-        """Consumer `index` is about to take its next item: its reply is kept, though the
-        hub may drop the item as it hands it over."""
+        """Consumer `index` is about to take its next items: their replies are kept until
+        they are sent, though the hub may drop the items as it hands them over."""
         with self._lock:
             self._claiming[index] = self.hub.next_index(index)
 
     def _reply(self, client: _Client, position: int, item: Any) -> _Reply | tuple[Any, ...]:
         """The reply for the item at upstream `position`, pickled once for every consumer
-        (kept while a consumer may still take it), its segments held by `client`'s process
-        from now on."""
+        (kept while a consumer may still take it: see `_trim`), its segments and its place
+        in the ring held by `client`'s process from now on."""
         reply = self._replies.get(position)
         if reply is None:
             try:
@@ -311,16 +346,28 @@ class Server(Resource):
             self._replies[position] = reply
             if self._broadcast is not None:  # before `_trim` may let go of the reply's
                 self._broadcast.sent(client.pid, reply.names)
-            self._claiming.pop(client.index, None)
-            self._trim()
+            if reply.span is not None and client.ring:
+                shm_arena.Ring.hold(reply.span)
+                client.reading.append(reply.span)
         return reply
 
     def _encoded(self, reply: tuple[str, Any]) -> _Reply:
-        if self._broadcast is None or (
-            "numpy" not in sys.modules and "torch" not in sys.modules
-        ):
-            return _Reply(pickle.dumps(reply, wire.PROTOCOL), [])
-        return _Reply(*self._broadcast.encode(reply))
+        if self._broadcast is None or ("numpy" not in sys.modules and "torch" not in sys.modules):
+            encoded = _Reply(pickle.dumps(reply, wire.PROTOCOL), [])
+        else:
+            encoded = _Reply(*self._broadcast.encode(reply))
+        if self._ring is not None:
+            with self._lock:
+                encoded.span = self._ring.put(encoded.data)
+        return encoded
+
+    def _read(self, client: _Client) -> None:
+        """`client` has read the replies of its last answer (it asks for more, or is
+        gone): their places in the ring are free of it."""
+        with self._lock:
+            for span in client.reading:
+                shm_arena.Ring.let_go(span)
+            client.reading.clear()
 
     def _released(self, client: _Client, names: list[str]) -> None:
         """The consumer's process collected its mappings of segments `names`; now and
@@ -340,9 +387,11 @@ class Server(Resource):
         oldest = None if self._stop.is_set() else min([self.hub.base, *self._claiming.values()])
         stale = [position for position in self._replies if oldest is None or position < oldest]
         for position in stale:
-            names = self._replies.pop(position).names
+            reply = self._replies.pop(position)
             if self._broadcast is not None:
-                self._broadcast.drop(names)
+                self._broadcast.drop(reply.names)
+            if reply.span is not None:
+                shm_arena.Ring.let_go(reply.span)
 
     # -- stopping ----------------------------------------------------------------------
 
@@ -368,6 +417,8 @@ class Server(Resource):
             self._replies.clear()
             if self._broadcast is not None:
                 self._broadcast.close()
+            if self._ring is not None:
+                self._ring.close()
 
     def join(self) -> None:
         """Wait until the thread serving the consumers is gone (unless it is this one:
@@ -384,9 +435,20 @@ class Server(Resource):
         self._selector.close()
         if self._broadcast is not None:
             self._broadcast.forget()
+        if self._ring is not None:
+            self._ring.forget()
         for fd in (self._wake_read, self._wake_write):
             if fd >= 0:  # still open (in the parent, too: the child has copies)
                 os.close(fd)
+
+
+def _ring(prefix: str) -> shm_arena.Ring | None:
+    """The ring of the replies of a server whose segments' names start with `prefix`
+    (None where /dev/shm has no room for it: replies are sent then)."""
+    try:
+        return shm_arena.Ring(f"{prefix}ring", shm_arena.CAPACITY)
+    except OSError:
+        return None
 
 
 def _listening(address: str) -> socket.socket:

@@ -125,8 +125,11 @@ class Mapping:
 
     __slots__ = ("_flag", "_received", "address", "length", "pid")
 
-    def __init__(self, fd: int, length: int, sharing: int = mmap.MAP_SHARED) -> None:
-        address = _libc.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, sharing, fd, 0)
+    def __init__(
+        self, fd: int, length: int, sharing: int = mmap.MAP_SHARED, writable: bool = True
+    ) -> None:
+        protection = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        address = _libc.mmap(None, length, protection, sharing, fd, 0)
         if address is None or address == _MAP_FAILED:
             error = ctypes.get_errno()
             raise OSError(error, f"cannot map a shared-memory segment: {os.strerror(error)}")
@@ -228,12 +231,18 @@ def _view_type(size: int, releasing: bool) -> Any:
 
 def mapped(name: str, length: int, flags: int, sharing: int = mmap.MAP_SHARED) -> Mapping:
     """Open (`flags`: os.O_RDONLY, os.O_RDWR) and map the segment `name`; `sharing`:
-    ``mmap.MAP_PRIVATE`` for a copy-on-write view of it (writes stay in this process)."""
-    return _mapping(_posixshmem.shm_open("/" + name, flags, 0o600), length, sharing)
+    ``mmap.MAP_PRIVATE`` for a copy-on-write view of it (writes stay in this process);
+    ``os.O_RDONLY`` with ``mmap.MAP_SHARED``: a read-only view of what others write."""
+    fd = _posixshmem.shm_open("/" + name, flags, 0o600)
+    readonly = flags & os.O_ACCMODE == os.O_RDONLY and sharing == mmap.MAP_SHARED
+    return _mapping(fd, length, sharing, writable=not readonly)
 
 
-def _mapping(fd: int, length: int, sharing: int, creating: bool = False) -> Mapping:
-    """The segment open at `fd` mapped (`length` bytes, given it if `creating`); closes `fd`."""
+def _mapping(
+    fd: int, length: int, sharing: int, creating: bool = False, writable: bool = True
+) -> Mapping:
+    """The segment open at `fd` mapped (`length` bytes, given it if `creating`; read only
+    unless `writable`); closes `fd`."""
     try:
         if creating:
             os.ftruncate(fd, length)
@@ -241,7 +250,7 @@ def _mapping(fd: int, length: int, sharing: int, creating: bool = False) -> Mapp
             # a page that cannot be allocated kills the process with SIGBUS.
             os.posix_fallocate(fd, 0, length)
             sharing |= _POPULATE  # its creator writes it all: no fault per page
-        return Mapping(fd, length, sharing)
+        return Mapping(fd, length, sharing, writable)
     finally:
         os.close(fd)
 

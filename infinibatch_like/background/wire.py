@@ -82,7 +82,9 @@ def write_frame(fd: int, data: bytes) -> None:
 class FrameReader:
     """Reads frames from a pipe without ever blocking on it: `read` returns a frame, or
     None if none is complete within `timeout`; EOFError when every writer closed the pipe.
-    A frame written in pieces is assembled across calls."""
+    A frame written in pieces is assembled across calls; the system call that reads a
+    body also reads the next frame's length, if it is there (one call a frame, not two,
+    when frames queue up)."""
 
     def __init__(self, fd: int) -> None:
         os.set_blocking(fd, False)
@@ -90,29 +92,46 @@ class FrameReader:
         self._poll = select.poll()
         self._poll.register(fd, select.POLLIN)
         self._header = bytearray(_HEADER)
+        self._header_filled = 0
         self._body: bytearray | None = None
-        self._filled = 0
+        self._body_filled = 0
+
+    def _readv(self, buffers: list[memoryview]) -> int:
+        """Bytes read into `buffers` (0: none there yet); EOFError at the pipe's end."""
+        try:
+            count = os.readv(self.fd, buffers)
+        except BlockingIOError:
+            return 0
+        if count == 0:
+            raise EOFError("the worker closed its end of the pipe")
+        return count
 
     def read_ready(self) -> bytearray | None:
         """Read what the pipe holds of the current frame; the frame once complete (None:
         not yet)."""
         while True:
-            target = self._header if self._body is None else self._body
-            if self._filled < len(target):
-                try:
-                    count = os.readv(self.fd, [memoryview(target)[self._filled :]])
-                except BlockingIOError:
-                    return None
-                if count == 0:
-                    raise EOFError("the worker closed its end of the pipe")
-                self._filled += count
-                if self._filled < len(target):
+            body = self._body
+            if body is None:
+                if self._header_filled < _HEADER:
+                    count = self._readv([memoryview(self._header)[self._header_filled :]])
+                    if not count:
+                        return None
+                    self._header_filled += count
                     continue
-            self._filled = 0
-            if self._body is None:
                 self._body = bytearray(int.from_bytes(self._header, "little"))
+                self._body_filled = self._header_filled = 0
                 continue
-            body, self._body = self._body, None
+            if self._body_filled < len(body):
+                views = [memoryview(body)[self._body_filled :], memoryview(self._header)]
+                count = self._readv(views)
+                if not count:
+                    return None
+                into_body = min(count, len(views[0]))
+                self._body_filled += into_body
+                self._header_filled = count - into_body
+                if self._body_filled < len(body):
+                    continue
+            self._body = None
             return body
 
     def read(self, timeout: float) -> bytearray | None:

@@ -2,17 +2,20 @@
 socket (`background.fanout_server.Server`), each attaches by its path (`attach`).
 
 Messages are pickled tuples in the frames of `background.wire`, one request and one
-reply at a time: ``("attach", index, pid)``, ``("next", most, released)``,
-``("getstate", held)``, ``("setstate", state)``, ``("close", held, released)`` (`held`:
-items received and not used; `released`: the owner's shared-memory segments whose
-mappings this process collected since it last said, which the owner may then reuse). A
-reply is ``("ok", value)``, ``("end",)`` or ``("error", report)``; a ``"next"`` request is
-answered by ``("items", k)`` and the replies of k items (the last may be an end or an
-error), each pickled once by the owner for every consumer, its large arrays and tensors
-in shared memory that the consumer maps as it receives them. One thread of the owner
-answers every consumer; a consumer waits for a reply while the owner process lives (an
-owner that dies or closes is seen at once, by the end of the socket, or within `POLL_S`
-by its pid).
+reply at a time: ``("attach", index, pid)``, ``("ring", True)`` (this process mapped the
+owner's ring of replies), ``("next", most, released)``, ``("getstate", held)``,
+``("setstate", state)``, ``("close", held, released)`` (`held`: items received and not
+used; `released`: the owner's shared-memory segments whose mappings this process
+collected since it last said, which the owner may then reuse). A reply is ``("ok",
+value)``, ``("end",)`` or ``("error", report)``; a ``"next"`` request is answered by
+``("items", places)`` for k items (the last may be an end or an error): each item's
+reply, pickled once by the owner for every consumer, lies at its place ``(offset,
+length)`` in the ring (`background.shm_arena`), or follows as a frame (place None); its
+large arrays and tensors are in shared memory that the consumer maps as it unpickles
+them. The consumer reads every reply of an answer before its next request (the owner
+reuses their places then). One thread of the owner answers every consumer; a consumer
+waits for a reply while the owner process lives (an owner that dies or closes is seen at
+once, by the end of the socket, or within `POLL_S` by its pid).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 from .._core.checks import require_int
 from .._core.protocol import State
-from ..background import shm_broadcast, wire
+from ..background import shm_arena, shm_broadcast, wire
 from ..background.errors import WorkerError, as_exception
 from ..background.fanout_hub import NAME
 from ..background.fanout_server import SEND_TIMEOUT_S
@@ -50,6 +53,8 @@ class _Connection:
         self.owner_pid = 0
         self.shared_prefix: str | None = None
         """The prefix of the names of the owner's shared-memory segments."""
+        self.ring: memoryview | None = None
+        """The owner's ring of replies, mapped (None: its replies come as frames)."""
         self.close = weakref.finalize(self, self.socket.close)
         _CONNECTIONS.add(self)
 
@@ -64,11 +69,31 @@ class _Connection:
             self._lost()
         return self.opened(_unpickled(self._receive()))
 
+    def map_ring(self, ring: tuple[str, int] | None) -> None:
+        """Map the owner's ring of replies `ring` (name, capacity) and tell the owner, so
+        that it sends where replies lie instead of their bytes (not if it cannot be
+        mapped here: another /dev/shm)."""
+        if ring is None:
+            return
+        try:
+            self.ring = shm_arena.Ring.attach(*ring)
+        except OSError:
+            return
+        self.call(("ring", True))
+
     def fetch(self, most: int) -> list[tuple[Any, ...]]:
         """The replies of this consumer's next item and of up to `most` - 1 more,
         unpickled (their shared memory mapped) before the next request."""
-        count: int = self.call(("next", most, self.released()))
-        replies = [_unpickled(self._receive()) for _ in range(count)]
+        places: list[tuple[int, int] | None] = self.call(("next", most, self.released()))
+        ring = self.ring
+        replies = [
+            _unpickled(
+                self._receive()
+                if place is None or ring is None
+                else ring[place[0] : place[0] + place[1]]
+            )
+            for place in places
+        ]
         if any(reply[0] == "unreadable" for reply in replies) and not self._owner_alive():
             self._lost()  # received before it died, its segments gone with it
         return replies
@@ -156,9 +181,10 @@ class RemoteConsumer(FanOutStage[T], Generic[T]):
         self._connection = connection = _Connection(address, index, timeout)
         self._final: State | None = None
         try:
-            self._count, self._mode, connection.owner_pid, connection.shared_prefix = (
+            self._count, self._mode, connection.owner_pid, connection.shared_prefix, ring = (
                 connection.call(("attach", index, os.getpid()))
             )
+            connection.map_ring(ring)
         except BaseException:  # refused: its socket is closed now, not when collected
             connection.close()
             raise
@@ -189,7 +215,7 @@ class RemoteConsumer(FanOutStage[T], Generic[T]):
         connection.hang_up()
 
 
-def _unpickled(frame: bytearray) -> tuple[Any, ...]:
+def _unpickled(frame: bytearray | memoryview) -> tuple[Any, ...]:
     """A reply unpickled; one that cannot be: ``("unreadable", error)``, the error raised
     at its item."""
     try:

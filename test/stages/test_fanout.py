@@ -891,6 +891,97 @@ def test_an_owner_killed_together_with_its_consumer_processes_leaves_no_segment(
     assert "Traceback" not in report, report
 
 
+# -- the ring of replies: each written once by the owner, read in place by every process --
+
+
+def sized_bytes(i: int) -> bytes:
+    """An item of 3,000 bytes, or of 9,000 every 7th (more than a quarter of a 16 KiB ring)."""
+    return bytes([i % 251]) * (9000 if i % 7 == 6 else 3000)
+
+
+def read_digests(address: str, index: int, out: str, late_s: float, ring: bool) -> None:
+    """A consumer process that records its items' digests and how many bytes its socket
+    brought; it unpickles each reply `late_s` late, and maps the ring only if `ring`."""
+    from infinibatch_like.background import shm_arena, wire
+    from infinibatch_like.stages import fanout_remote
+
+    def no_ring(name: str, capacity: int) -> memoryview:
+        raise OSError("another /dev/shm")
+
+    if not ring:
+        shm_arena.Ring.attach = staticmethod(no_ring)  # type: ignore[method-assign]
+    received = [0]
+    read_ready, unpickled = wire.FrameReader.read_ready, fanout_remote._unpickled
+
+    def counted(reader: wire.FrameReader) -> bytearray | None:
+        frame = read_ready(reader)
+        received[0] += 0 if frame is None else len(frame)
+        return frame
+
+    def late(frame: Any) -> tuple[Any, ...]:
+        time.sleep(late_s)
+        return unpickled(frame)
+
+    wire.FrameReader.read_ready = counted  # type: ignore[method-assign]
+    fanout_remote._unpickled = late
+    with attach(address, index, timeout=20, prefetch=4) as consumer:
+        digests = [_digest(item) for item in consumer]
+    Path(out).write_text(json.dumps({"digests": digests, "socket_bytes": received[0]}))
+
+
+def read_in_processes(
+    tmp_path: Path, items: int, late_s: list[float], ring: list[bool]
+) -> list[dict[str, Any]]:
+    """What `read_digests` processes (one per entry of `late_s`) recorded."""
+    with FanOut(MapIterator(native_range(items), sized_bytes), len(late_s), max_lag=8) as fan:
+        address = fan.serve(str(tmp_path / "fan.sock"))
+        outs = [tmp_path / f"out{i}" for i in range(len(late_s))]
+        processes = [
+            _start_target(read_digests, address, i, str(outs[i]), late_s[i], ring[i])
+            for i in range(len(late_s))
+        ]
+        for process in processes:
+            process.join(60)
+            assert process.exitcode == 0
+    assert not owner_segments()  # the ring is gone with the fan-out
+    return [json.loads(out.read_text()) for out in outs]
+
+
+def test_consumer_processes_read_the_replies_from_the_ring_not_from_their_socket(
+    tmp_path: Path,
+) -> None:
+    got = read_in_processes(tmp_path, 60, [0.0, 0.0], [True, True])
+    expected = [_digest(sized_bytes(i)) for i in range(60)]
+    payload = sum(len(sized_bytes(i)) for i in range(60))
+    for record in got:
+        assert record["digests"] == expected
+        assert record["socket_bytes"] < payload / 20  # where the replies lie, not their bytes
+
+
+def test_a_consumer_reading_its_replies_late_gets_them_exactly_while_the_ring_fills(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast consumer's replies fill a 16 KiB ring while the slow one has not read its
+    own: those are not overwritten (the rest come through the sockets)."""
+    from infinibatch_like.background import shm_arena
+
+    monkeypatch.setattr(shm_arena, "CAPACITY", 16 << 10)
+    got = read_in_processes(tmp_path, 80, [0.005, 0.0], [True, True])
+    expected = [_digest(sized_bytes(i)) for i in range(80)]
+    assert [record["digests"] for record in got] == [expected, expected]
+
+
+def test_a_consumer_process_that_cannot_map_the_ring_gets_its_replies_through_its_socket(
+    tmp_path: Path,
+) -> None:
+    got = read_in_processes(tmp_path, 60, [0.0, 0.0], [False, True])
+    expected = [_digest(sized_bytes(i)) for i in range(60)]
+    payload = sum(len(sized_bytes(i)) for i in range(60))
+    assert [record["digests"] for record in got] == [expected, expected]
+    assert got[0]["socket_bytes"] > payload
+    assert got[1]["socket_bytes"] < payload / 20
+
+
 def _start_target(target: Any, *args: Any) -> multiprocessing.process.BaseProcess:
     process = multiprocessing.get_context("fork").Process(target=target, args=args)
     process.start()
