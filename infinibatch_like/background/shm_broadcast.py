@@ -4,13 +4,13 @@ that receives the item maps them (see `shm` for the transport between one worker
 consumer, whose pickler this reuses).
 
 A `Broadcast` pickles a message with `encode`: each array or tensor of at least
-``shm.THRESHOLD`` bytes is written into a segment of its own (by ``pwrite``: no page of
-the sender's to fault in), named ``ibl_<sender pid>_<token>_t<tracker>_b<n>``, and
-pickled as a reference to it. A receiver's ``pickle.loads`` maps the segment copy-on-write
-(``MAP_PRIVATE``): what one consumer writes into its array stays its own, as with a
-pickled copy.
+``shm.THRESHOLD`` bytes is copied into a segment of its own (through the sender's mapping
+of it, whose pages are reserved and mapped when it is created), named
+``ibl_<sender pid>_<token>_t<tracker>_b<n>``, and pickled as a reference to it. A receiver's
+``pickle.loads`` maps the segment copy-on-write (``MAP_PRIVATE``): what one consumer
+writes into its array stays its own, as with a pickled copy.
 
-Segments are recycled, as fresh pages cost more than the copy itself: a segment is
+Segments are recycled, as fresh pages cost as much as the copy itself: a segment is
 *held* by its message while the sender may still send it (until `drop`), and by each
 receiver process it was sent to (`sent`) until that receiver's mapping of it is
 collected (the receiver reports it, `take_released`, and the sender is told,
@@ -66,9 +66,9 @@ class Broadcast(shm.Sender):
         """The segments of the message being pickled."""
         super().__init__()
         self.array_loader, self.tensor_loader = _attach_array, _attach_tensor
-        self._segments: dict[str, tuple[int, int]] = {}
-        """Every segment of this sender (named): an open descriptor (to write it again)
-        and its capacity."""
+        self._segments: dict[str, tuple[Any, int]] = {}
+        """Every segment of this sender (named): a writable view of its data (mapped while
+        the segment has a name) and its capacity."""
         self._holds: Counter[str] = Counter()
         """The holders of each segment in use (its message, and receivers)."""
         self._held_by: dict[int, Counter[str]] = {}
@@ -83,20 +83,16 @@ class Broadcast(shm.Sender):
         free = self._pool.get(capacity)
         if free:
             name = free.pop()
-            fd = self._segments[name][0]
         else:
             name = f"{self.prefix}{self._created}"
             try:
-                fd = segments.created(name, segments.HEADER + capacity)
+                segment = segments.Segment(name, capacity)
             except OSError:  # no room in /dev/shm: pickled in the message
                 return None
             self._created += 1
-            self._segments[name] = fd, capacity
-        try:
-            segments.write(fd, values, segments.HEADER)
-        except OSError:  # no room in /dev/shm for its pages: pickled in the message
-            self._unlink(name)
-            return None
+            view = memoryview(segment.memory.buffer(segments.HEADER, capacity)).cast("B")
+            self._segments[name] = view, capacity
+        self._segments[name][0][:size] = values
         self._holds[name] = 1
         self._names.append(name)
         return name, size
@@ -164,7 +160,7 @@ class Broadcast(shm.Sender):
             self._unlink(name)
 
     def _unlink(self, name: str) -> None:
-        os.close(self._segments.pop(name)[0])
+        self._segments.pop(name)[0].release()  # unmapped once collected
         segments.unlink_name(name)
 
     def close(self) -> None:
@@ -176,9 +172,7 @@ class Broadcast(shm.Sender):
         self._pool.clear()
 
     def forget(self) -> None:
-        """In a forked child: close the inherited descriptors (the names stay)."""
-        for fd, _ in self._segments.values():
-            os.close(fd)
+        """In a forked child: let go of the inherited mappings (the names stay)."""
         self._segments.clear()
 
 

@@ -763,6 +763,25 @@ def test_segments_are_recycled_once_every_consumer_process_dropped_their_arrays(
     assert not owner_segments()
 
 
+def test_a_full_dev_shm_gives_consumer_processes_their_items_through_their_sockets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)  # no ring, no segment for arrays
+    with FanOut(MapIterator(native_range(20), small_array), 2, max_lag=3) as fan:
+        address = fan.serve(str(tmp_path / "fan.sock"))
+        outs = [tmp_path / f"out{i}" for i in range(2)]
+        processes = [_start_target(record_segments, address, i, str(outs[i])) for i in range(2)]
+        for process in processes:
+            process.join(60)
+            assert process.exitcode == 0
+        assert not owner_segments()
+    for out in outs:
+        assert json.loads(out.read_text()) == [[i, None] for i in range(20)]
+
+
 def serve_arrays_for_a_while(address: str) -> None:
     fan = FanOut(MapIterator(native_range(10**6), array_item), 2, max_lag=4)
     fan.serve(address)
