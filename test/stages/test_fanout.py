@@ -750,12 +750,7 @@ def test_segments_are_recycled_once_every_consumer_process_dropped_their_arrays(
     items, max_lag, prefetch = 60, 3, 4
     with FanOut(MapIterator(native_range(items), small_array), 2, max_lag=max_lag) as fan:
         address = fan.serve(str(tmp_path / "fan.sock"))
-        outs = [tmp_path / f"out{i}" for i in range(2)]
-        processes = [_start_target(record_segments, address, i, str(outs[i])) for i in range(2)]
-        for process in processes:
-            process.join(60)
-            assert process.exitcode == 0
-    got = [json.loads(out.read_text()) for out in outs]
+        got = recorded(record_segments, address, [tmp_path / f"out{i}" for i in range(2)])
     assert [value for value, _ in got[0]] == [value for value, _ in got[1]] == list(range(items))
     assert [name for _, name in got[0]] == [name for _, name in got[1]]
     # at once in use: the lag window, and what each consumer holds or is being sent
@@ -772,14 +767,9 @@ def test_a_full_dev_shm_gives_consumer_processes_their_items_through_their_socke
     monkeypatch.setattr(os, "posix_fallocate", full)  # no ring, no segment for arrays
     with FanOut(MapIterator(native_range(20), small_array), 2, max_lag=3) as fan:
         address = fan.serve(str(tmp_path / "fan.sock"))
-        outs = [tmp_path / f"out{i}" for i in range(2)]
-        processes = [_start_target(record_segments, address, i, str(outs[i])) for i in range(2)]
-        for process in processes:
-            process.join(60)
-            assert process.exitcode == 0
+        got = recorded(record_segments, address, [tmp_path / f"out{i}" for i in range(2)])
         assert not owner_segments()
-    for out in outs:
-        assert json.loads(out.read_text()) == [[i, None] for i in range(20)]
+    assert got == [[[i, None] for i in range(20)]] * 2
 
 
 def serve_arrays_for_a_while(address: str) -> None:
@@ -955,15 +945,9 @@ def read_in_processes(
     with FanOut(MapIterator(native_range(items), sized_bytes), len(late_s), max_lag=8) as fan:
         address = fan.serve(str(tmp_path / "fan.sock"))
         outs = [tmp_path / f"out{i}" for i in range(len(late_s))]
-        processes = [
-            _start_target(read_digests, address, i, str(outs[i]), late_s[i], ring[i])
-            for i in range(len(late_s))
-        ]
-        for process in processes:
-            process.join(60)
-            assert process.exitcode == 0
+        got = recorded(read_digests, address, outs, late_s, ring)
     assert not owner_segments()  # the ring is gone with the fan-out
-    return [json.loads(out.read_text()) for out in outs]
+    return got  # type: ignore[no-any-return]
 
 
 def test_consumer_processes_read_the_replies_from_the_ring_not_from_their_socket(
@@ -1005,6 +989,19 @@ def _start_target(target: Any, *args: Any) -> multiprocessing.process.BaseProces
     process = multiprocessing.get_context("fork").Process(target=target, args=args)
     process.start()
     return process
+
+
+def recorded(target: Any, address: str, outs: list[Path], *per_consumer: list[Any]) -> Any:
+    """Run ``target(address, i, outs[i], *(values[i] for values in per_consumer))`` in a
+    forked process for each consumer i, to its end; what each wrote to its out (JSON)."""
+    processes = [
+        _start_target(target, address, i, str(out), *(values[i] for values in per_consumer))
+        for i, out in enumerate(outs)
+    ]
+    for process in processes:
+        process.join(60)
+        assert process.exitcode == 0
+    return [json.loads(out.read_text()) for out in outs]
 
 
 class CountedPickles:
