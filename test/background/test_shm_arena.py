@@ -36,7 +36,7 @@ operations = st.lists(
 )
 
 
-@settings(max_examples=examples(100), deadline=None)
+@settings(max_examples=examples(1), deadline=None)
 @given(operations=operations)
 def test_a_held_message_keeps_its_bytes_whatever_is_written_after_it(
     operations: list[tuple[str, int]],

@@ -51,7 +51,7 @@ bodies_strategy = st.lists(
 )
 
 
-@settings(max_examples=examples(60), deadline=None)
+@settings(max_examples=examples(0.6), deadline=None)
 @given(bodies=bodies_strategy, cuts=st.lists(st.integers(0, 1 << 20), max_size=30))
 def test_frames_cut_anywhere_arrive_whole_and_in_order(
     bodies: list[bytes], cuts: list[int]
