@@ -255,27 +255,6 @@ def _mapping(
         os.close(fd)
 
 
-def created(name: str, length: int) -> int:
-    """A descriptor of the new segment `name`, of `length` bytes (to `write` into)."""
-    fd = _created(name)
-    try:
-        os.ftruncate(fd, length)
-    except BaseException:
-        os.close(fd)
-        unlink_name(name)
-        raise
-    return fd
-
-
-def write(fd: int, data: memoryview, offset: int) -> None:
-    """Write `data` at `offset` of the segment open as `fd`, by the kernel: no mapping,
-    so no page to fault in, and none zeroed before it is written (OSError: no room in
-    /dev/shm for a page not written before)."""
-    while data:
-        count = os.pwrite(fd, data, offset)
-        data, offset = data[count:], offset + count
-
-
 _PID = [os.getpid()]
 """This process's pid (`os.getpid` is a system call)."""
 

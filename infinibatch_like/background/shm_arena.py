@@ -46,7 +46,7 @@ class Span:
 class Ring:
     """The sender's side of a ring of `capacity` bytes named `name` (see the module)."""
 
-    def __init__(self, name: str, capacity: int = CAPACITY) -> None:
+    def __init__(self, name: str, capacity: int) -> None:
         self.name, self.capacity = name, capacity
         self._segment: segments.Segment | None = segments.Segment(name, capacity)
         self._view: Any = memoryview(

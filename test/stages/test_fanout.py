@@ -908,6 +908,15 @@ def sized_bytes(i: int) -> bytes:
     return bytes([i % 251]) * (9000 if i % 7 == 6 else 3000)
 
 
+def sized_digests(items: int) -> list[str]:
+    return [_digest(sized_bytes(i)) for i in range(items)]
+
+
+def sized_payload(items: int) -> int:
+    """The bytes of the first `items` items."""
+    return sum(len(sized_bytes(i)) for i in range(items))
+
+
 def read_digests(address: str, index: int, out: str, late_s: float, ring: bool) -> None:
     """A consumer process that records its items' digests and how many bytes its socket
     brought; it unpickles each reply `late_s` late, and maps the ring only if `ring`."""
@@ -954,8 +963,8 @@ def test_consumer_processes_read_the_replies_from_the_ring_not_from_their_socket
     tmp_path: Path,
 ) -> None:
     got = read_in_processes(tmp_path, 60, [0.0, 0.0], [True, True])
-    expected = [_digest(sized_bytes(i)) for i in range(60)]
-    payload = sum(len(sized_bytes(i)) for i in range(60))
+    expected = sized_digests(60)
+    payload = sized_payload(60)
     for record in got:
         assert record["digests"] == expected
         assert record["socket_bytes"] < payload / 20  # where the replies lie, not their bytes
@@ -970,7 +979,7 @@ def test_a_consumer_reading_its_replies_late_gets_them_exactly_while_the_ring_fi
 
     monkeypatch.setattr(shm_arena, "CAPACITY", 16 << 10)
     got = read_in_processes(tmp_path, 80, [0.005, 0.0], [True, True])
-    expected = [_digest(sized_bytes(i)) for i in range(80)]
+    expected = sized_digests(80)
     assert [record["digests"] for record in got] == [expected, expected]
 
 
@@ -978,8 +987,8 @@ def test_a_consumer_process_that_cannot_map_the_ring_gets_its_replies_through_it
     tmp_path: Path,
 ) -> None:
     got = read_in_processes(tmp_path, 60, [0.0, 0.0], [False, True])
-    expected = [_digest(sized_bytes(i)) for i in range(60)]
-    payload = sum(len(sized_bytes(i)) for i in range(60))
+    expected = sized_digests(60)
+    payload = sized_payload(60)
     assert [record["digests"] for record in got] == [expected, expected]
     assert got[0]["socket_bytes"] > payload
     assert got[1]["socket_bytes"] < payload / 20
