@@ -46,7 +46,7 @@ from _util import median, print_table, ratio, verdict, write_result
 from bench_pipeline import make_pipeline
 from corpus import build_corpus
 
-from infinibatch_like import FanOut, attach
+from infinibatch_like import FanOut, attach, shared_zeros
 
 TARGET = 1.25
 
@@ -56,7 +56,8 @@ def as_array(batch: list[list[str]]) -> Any:
     length, a stand-in for a vocabulary lookup), padded to at least ``--min-kib`` KiB."""
     width = max(len(line) for line in batch)
     width = max(width, -(-_min_bytes[0] // (4 * len(batch))))
-    array = np.zeros((len(batch), width), dtype=np.int32)
+    zeros = shared_zeros if _shared[0] else np.zeros
+    array = zeros((len(batch), width), dtype=np.int32)
     for row, line in enumerate(batch):
         array[row, : len(line)] = [len(token) for token in line]
     return array
@@ -65,6 +66,8 @@ def as_array(batch: list[list[str]]) -> Any:
 FORMATS = ("tokens", "arrays")
 _format = ["tokens"]
 _min_bytes = [0]
+_shared = [False]
+"""Whether arrays are made in shared memory (`shared_zeros`), whatever the scenario."""
 _prefetch = [32]
 """Items a consumer process receives per round trip to the owner, at most (``max_lag`` is
 twice as many, so that a consumer does not wait for the others to take its last answer)."""
@@ -212,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         "on, consumer processes map it from shared memory instead of unpickling a copy)",
     )
     parser.add_argument(
+        "--shared-arrays",
+        action="store_true",
+        help="with --format arrays: make them with shared_zeros (in shared memory, which "
+        "consumer processes map without a copy) instead of numpy.zeros, in every scenario",
+    )
+    parser.add_argument(
         "--prefetch",
         type=int,
         default=32,
@@ -228,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     _format[0], _min_bytes[0], _prefetch[0] = args.format, 1024 * args.min_kib, args.prefetch
+    _shared[0] = args.shared_arrays
     lines = 200_000 if args.quick else 1_000_000
     batches = args.batches or (300 if args.quick else 1500)
     k, method = args.consumers, args.start_method

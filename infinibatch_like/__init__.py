@@ -20,7 +20,16 @@ The package, by concern:
 
 from . import stats
 from ._core.protocol import CheckpointableIterator, SkippableIterator, StateMismatchError
-from .background import StallError, Watchdog, WorkerError, set_worker_gc, start_background
+from .background import (
+    StallError,
+    Watchdog,
+    WorkerError,
+    empty_shared_pool,
+    set_worker_gc,
+    shared_empty,
+    shared_zeros,
+    start_background,
+)
 from .checkpoint import (
     CheckpointFileError,
     CheckpointNotFoundError,
@@ -139,6 +148,7 @@ __all__ = [
     "create_source_iterator",
     "describe_state",
     "elastic_state",
+    "empty_shared_pool",
     "gather_state",
     "inspect_lines",
     "load_checkpoint",
@@ -149,6 +159,8 @@ __all__ = [
     "restore_state",
     "save_checkpoint",
     "set_worker_gc",
+    "shared_empty",
+    "shared_zeros",
     "start_background",
     "stats",
     "why_not_elastic",

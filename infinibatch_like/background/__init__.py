@@ -11,7 +11,8 @@ consumer, shared by every background stage.
 - `shm`: the shared-memory transport of the large numpy arrays and torch tensors that
   worker processes send (pooled segments, unlinked once mapped); `segments`: creating,
   mapping and naming the segments, registered with the resource tracker;
-  `shm_broadcast`: one copy of an item's arrays for every fan-out consumer process.
+  `shm_broadcast`: one copy of an item's arrays for every fan-out consumer process;
+  `shm_arrays`: arrays made in shared memory, which a fan-out sends without a copy.
 - `messages`: the typed messages between workers and the consumer.
 - `channels`: one producer worker (thread or process) behind a bounded buffer.
 - `pool`: the workers of a parallel map (processes or threads).
@@ -26,8 +27,18 @@ consumer, shared by every background stage.
 """
 
 from .errors import WorkerError
+from .shm_arrays import empty_shared_pool, shared_empty, shared_zeros
 from .stage import start_background
 from .watchdog import StallError, Watchdog
 from .worker_gc import set_worker_gc
 
-__all__ = ["StallError", "Watchdog", "WorkerError", "set_worker_gc", "start_background"]
+__all__ = [
+    "StallError",
+    "Watchdog",
+    "WorkerError",
+    "empty_shared_pool",
+    "set_worker_gc",
+    "shared_empty",
+    "shared_zeros",
+    "start_background",
+]

@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Callable
 from multiprocessing import resource_tracker
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 try:
     import _posixshmem  # type: ignore[import-not-found]  # CPython's, POSIX only
@@ -25,6 +25,12 @@ except ImportError:
 
 HEADER = 64
 """Bytes before a segment's data: the flag, then alignment padding."""
+
+POOL_SEGMENTS = 64
+"""Unused segments a `Pool` keeps for reuse, at most."""
+
+POOL_BYTES = 512 << 20
+"""Bytes of unused segments a `Pool` keeps for reuse, at most."""
 
 SHM_DIR = "/dev/shm"
 ENABLED = _posixshmem is not None and sys.platform.startswith("linux") and os.path.isdir(SHM_DIR)
@@ -284,6 +290,47 @@ class Segment:
             unlink_name(name)
             raise
         self.name, self.capacity = name, capacity
+
+
+def size_class(size: int) -> int:
+    """The capacity of a pooled segment for `size` bytes: the next of 4 steps per power
+    of 2 (at most a quarter more than `size`), so arrays of similar sizes share segments."""
+    step = max(1 << max(size.bit_length() - 3, 0), mmap.PAGESIZE)
+    return -(-size // step) * step
+
+
+Unused = TypeVar("Unused")
+
+
+class Pool(Generic[Unused]):
+    """Unused segments kept for reuse (fresh pages cost as much as filling them), by
+    capacity: at most `POOL_SEGMENTS` and `POOL_BYTES`."""
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[Unused]] = {}
+        self._count = self._bytes = 0
+
+    def take(self, capacity: int) -> Unused | None:
+        """An unused segment of `capacity`, or None."""
+        free = self._free.get(capacity)
+        if not free:
+            return None
+        self._count -= 1
+        self._bytes -= capacity
+        return free.pop()
+
+    def keep(self, capacity: int, segment: Unused) -> bool:
+        """Keep `segment` for reuse; False if the pool is full (unlink it then)."""
+        if self._count >= POOL_SEGMENTS or self._bytes + capacity > POOL_BYTES:
+            return False
+        self._free.setdefault(capacity, []).append(segment)
+        self._count += 1
+        self._bytes += capacity
+        return True
+
+    def clear(self) -> None:
+        self._free.clear()
+        self._count = self._bytes = 0
 
 
 def remove_prefixed(prefix: str) -> None:

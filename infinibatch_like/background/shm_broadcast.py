@@ -8,15 +8,18 @@ A `Broadcast` pickles a message with `encode`: each array or tensor of at least
 of it, whose pages are reserved and mapped when it is created), named
 ``ibl_<sender pid>_<token>_t<tracker>_b<n>``, and pickled as a reference to it. A receiver's
 ``pickle.loads`` maps the segment copy-on-write (``MAP_PRIVATE``): what one consumer
-writes into its array stays its own, as with a pickled copy.
+writes into its array stays its own, as with a pickled copy. An array that already lies
+in shared memory (made by `shm_arrays.shared_empty` or `shared_zeros`) is not copied:
+it is pickled as a reference to where it lies, and held (`shm_arrays.hold`) as long as a
+segment of its own would be.
 
 Segments are recycled, as fresh pages cost as much as the copy itself: a segment is
 *held* by its message while the sender may still send it (until `drop`), and by each
 receiver process it was sent to (`sent`) until that receiver's mapping of it is
 collected (the receiver reports it, `take_released`, and the sender is told,
 `released`) or the receiver is found dead (`sweep`). A segment nobody holds goes to a
-pool for the next array of its size class (at most `POOL_SEGMENTS` and `POOL_BYTES`;
-beyond, it is unlinked). A receiver that closed its connection while it still holds
+pool for the next array of its size class (`segments.Pool`; beyond its bounds, it is
+unlinked). A receiver that closed its connection while it still holds
 segments keeps them out of the pool until it dies. The sender unlinks every segment at
 `close`; the kernel frees the memory once the last receiver unmapped it.
 
@@ -41,13 +44,7 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Iterable
 from typing import Any
 
-from . import segments, shm
-
-POOL_SEGMENTS = 64
-"""Unused segments a sender keeps for reuse, at most."""
-
-POOL_BYTES = 512 << 20
-"""Bytes of unused segments a sender keeps for reuse, at most."""
+from . import segments, shm, shm_arrays
 
 _RELEASED: defaultdict[str, deque[str]] = defaultdict(deque)
 """In a receiver: the segments whose mapping was collected, by the prefix of their
@@ -73,17 +70,23 @@ class Broadcast(shm.Sender):
         """The holders of each segment in use (its message, and receivers)."""
         self._held_by: dict[int, Counter[str]] = {}
         """The segments sent to each receiver process and not released by it."""
-        self._pool: dict[int, list[str]] = {}
-        """The unused segments, by capacity."""
+        self._pool: segments.Pool[str] = segments.Pool()
+        """The unused segments of its own (not those of `shm_arrays`)."""
 
     def copy_in(self, obj: Any, order: str, np: Any) -> Any | None:
+        place = shm_arrays.place_of(obj, order)
+        if place is not None:  # made in shared memory: sent where it lies, no copy
+            shared, offset = place
+            if not self._holds[shared]:
+                shm_arrays.hold(shared)
+            self._holds[shared] += 1
+            self._names.append(shared)
+            return shared, obj.nbytes, offset, self.prefix
         values = memoryview(np.ravel(obj, order=order).view(np.uint8))  # no copy if contiguous
         size = len(values)
-        capacity = _size_class(size)
-        free = self._pool.get(capacity)
-        if free:
-            name = free.pop()
-        else:
+        capacity = segments.size_class(size)
+        name = self._pool.take(capacity)
+        if name is None:
             name = f"{self.prefix}{self._created}"
             try:
                 segment = segments.Segment(name, capacity)
@@ -151,12 +154,10 @@ class Broadcast(shm.Sender):
         if self._holds[name]:
             return
         del self._holds[name]
-        capacity = self._segments[name][1]
-        pooled = sum(len(names) for names in self._pool.values())
-        pooled_bytes = sum(size * len(names) for size, names in self._pool.items())
-        if pooled < POOL_SEGMENTS and pooled_bytes + capacity <= POOL_BYTES:
-            self._pool.setdefault(capacity, []).append(name)
-        else:
+        own = self._segments.get(name)
+        if own is None:  # one of `shm_arrays`'
+            shm_arrays.let_go(name)
+        elif not self._pool.keep(own[1], name):
             self._unlink(name)
 
     def _unlink(self, name: str) -> None:
@@ -164,9 +165,12 @@ class Broadcast(shm.Sender):
         segments.unlink_name(name)
 
     def close(self) -> None:
-        """Unlink every segment (receivers' mappings stay valid). Idempotent."""
+        """Unlink every segment of its own (receivers' mappings stay valid), and let go of
+        those of `shm_arrays` for good (receivers may map them still). Idempotent."""
         for name in list(self._segments):
             self._unlink(name)
+        for name in [name for name in self._holds if name not in self._segments]:
+            shm_arrays.let_go(name, retire=True)
         self._holds.clear()
         self._held_by.clear()
         self._pool.clear()
@@ -174,13 +178,7 @@ class Broadcast(shm.Sender):
     def forget(self) -> None:
         """In a forked child: let go of the inherited mappings (the names stay)."""
         self._segments.clear()
-
-
-def _size_class(size: int) -> int:
-    """The capacity of the segment for `size` bytes: the next of 4 steps per power of 2
-    (at most a quarter more than `size`), so arrays of similar sizes share segments."""
-    step = max(1 << max(size.bit_length() - 3, 0), mmap.PAGESIZE)
-    return -(-size // step) * step
+        self._holds.clear()
 
 
 def _running(pid: int) -> bool:
@@ -194,12 +192,15 @@ def _running(pid: int) -> bool:
 
 
 def remove_left(prefix: str) -> None:
-    """Unlink the segments that the dead sender of `Broadcast.prefix` `prefix` left, if
-    this process shares the resource tracker they are registered with (else that tracker
-    unlinks them once every process sharing it is gone)."""
+    """Unlink the segments that the dead sender of `Broadcast.prefix` `prefix` left, its
+    process's `shm_arrays` with them, if this process shares the resource tracker they
+    are registered with (else that tracker unlinks them once every process sharing it is
+    gone)."""
     tracker = prefix.rpartition("_t")[2].removesuffix("_b")
     if tracker and tracker == segments.tracker_id():
         segments.remove_prefixed(prefix)
+        pid = int(prefix.split("_")[1])
+        segments.remove_prefixed(shm_arrays.names_prefix(pid, tracker))
 
 
 def take_released(prefix: str) -> list[str]:
@@ -213,27 +214,34 @@ def take_released(prefix: str) -> list[str]:
     return names
 
 
-def _mapped(reference: tuple[str, int]) -> Any:
-    """The data of a segment of a `Broadcast`, mapped copy-on-write, as a buffer whose
-    collection unmaps it and reports the segment released (`take_released`)."""
-    name, size = reference
+def _mapped(reference: tuple[Any, ...]) -> Any:
+    """The data of a segment of a `Broadcast` (``(name, size)``), or of an array of its
+    sender's `shm_arrays` (``(name, size, offset, sender prefix)``), mapped copy-on-write,
+    as a buffer whose collection unmaps it and reports the segment released
+    (`take_released`)."""
+    name, size = reference[0], reference[1]
+    if len(reference) > 2:
+        offset, prefix = reference[2], reference[3]
+    else:
+        offset, prefix = 0, name[: name.rindex("_b") + 2]
     try:
-        memory = segments.mapped(name, segments.HEADER + size, os.O_RDONLY, mmap.MAP_PRIVATE)
+        memory = segments.mapped(
+            name, segments.HEADER + offset + size, os.O_RDONLY, mmap.MAP_PRIVATE
+        )
     except FileNotFoundError:
         raise RuntimeError(
             f"the shared-memory segment {name} of a fan-out item is gone (its owner "
             "stopped, or removed it, before this consumer read the item)"
         ) from None
-    buffer = memory.buffer(segments.HEADER, size)
-    prefix = name[: name.rindex("_b") + 2]
+    buffer = memory.buffer(segments.HEADER + offset, size)
     weakref.finalize(buffer, _RELEASED[prefix].append, name)
     return buffer
 
 
-def _attach_array(reference: tuple[str, int], dtype: Any, shape: Any, order: str) -> Any:
+def _attach_array(reference: tuple[Any, ...], dtype: Any, shape: Any, order: str) -> Any:
     return shm.array_over(_mapped(reference), dtype, shape, order)
 
 
-def _attach_tensor(reference: tuple[str, int], dtype: Any, shape: Any, strides: Any) -> Any:
+def _attach_tensor(reference: tuple[Any, ...], dtype: Any, shape: Any, strides: Any) -> Any:
     return shm.tensor_over(_mapped(reference), dtype, shape, strides)
 

@@ -25,7 +25,15 @@ from _waiting import HANG, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infinibatch_like import FanOut, StateMismatchError, WorkerError, attach
+from infinibatch_like import (
+    FanOut,
+    StateMismatchError,
+    WorkerError,
+    attach,
+    empty_shared_pool,
+    shared_empty,
+)
+from infinibatch_like.background import segments, shm_arrays
 from infinibatch_like.iterators import MapIterator, NativeCheckpointableIterator
 from infinibatch_like.testing import assert_checkpointable, check_resume
 
@@ -605,6 +613,35 @@ def array_item(i: int) -> dict[str, Any]:
     }
 
 
+def shared_array_item(i: int) -> dict[str, Any]:
+    """`array_item(i)`, its array and tensor made in shared memory (`shared_empty`)."""
+    import torch
+
+    array = shared_empty(1 << 18, "int32")
+    array[:] = i
+    values = shared_empty(40_000, "float64")
+    values[:] = float(i)
+    return {"i": i, "array": array, "tensor": torch.from_numpy(values).reshape(200, 200).t()}
+
+
+MADE = {"by numpy": array_item, "in shared memory": shared_array_item}
+"""How an item's arrays are made: by numpy (a fan-out copies them into its segments once)
+or by `shared_empty` (sent where they lie)."""
+
+
+def made_here() -> str:
+    """The prefix of the segments of this process's `shared_empty` arrays."""
+    return shm_arrays.names_prefix(os.getpid(), segments.tracker_id())
+
+
+def left_after(items: list[Any]) -> list[str]:
+    """This process's segments once `items` and every unused segment are gone."""
+    items.clear()
+    gc.collect()
+    empty_shared_pool()
+    return owner_segments()
+
+
 def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=8).hexdigest()
 
@@ -665,11 +702,18 @@ def owner_segments() -> list[str]:
     return [name for name in os.listdir("/dev/shm") if name.startswith(prefix)]
 
 
+@pytest.mark.parametrize("made", MADE)
 @pytest.mark.parametrize("method", METHODS)
 def test_large_arrays_reach_every_consumer_process_as_one_shared_copy(
-    method: str, tmp_path: Path
+    method: str, made: str, tmp_path: Path
 ) -> None:
-    with FanOut(MapIterator(native_range(ARRAY_ITEMS), array_item), 2, max_lag=3) as fan:
+    owned: list[dict[str, Any]] = []
+
+    def make(i: int) -> dict[str, Any]:
+        owned.append(MADE[made](i))
+        return owned[-1]
+
+    with FanOut(MapIterator(native_range(ARRAY_ITEMS), make), 2, max_lag=3) as fan:
         address = fan.serve(str(tmp_path / "fan.sock"))
         outs = [tmp_path / f"out{i}" for i in range(2)]
         context = multiprocessing.get_context(method)
@@ -690,7 +734,12 @@ def test_large_arrays_reach_every_consumer_process_as_one_shared_copy(
     assert all(name is not None for names in segments[0] for name in names)
     assert segments[0] == segments[1]  # the same segments: one copy for both consumers
     assert all(array != tensor for array, tensor in segments[0])
-    assert not owner_segments()
+    # made in shared memory: the consumers mapped the owner's own arrays, not copies
+    assert all(name.startswith(made_here()) == (made == "in shared memory")
+               for names in segments[0] for name in names)
+    # what the consumers wrote into their views stayed theirs
+    assert [expected_record(item["i"]) for item in owned] == expected
+    assert not left_after(owned)
 
 
 def keep_arrays(address: str, index: int, out: str) -> None:
@@ -711,10 +760,11 @@ def keep_arrays(address: str, index: int, out: str) -> None:
     Path(out).write_text(json.dumps(records))
 
 
+@pytest.mark.parametrize("made", MADE)
 def test_a_segment_is_not_reused_while_a_consumer_process_keeps_its_array(
-    tmp_path: Path,
+    made: str, tmp_path: Path
 ) -> None:
-    with FanOut(MapIterator(native_range(ARRAY_ITEMS), array_item), 2, max_lag=3) as fan:
+    with FanOut(MapIterator(native_range(ARRAY_ITEMS), MADE[made]), 2, max_lag=3) as fan:
         address = fan.serve(str(tmp_path / "fan.sock"))
         outs = [tmp_path / "kept", tmp_path / "dropped"]
         keeper = _start_target(keep_arrays, address, 0, str(outs[0]))
@@ -725,7 +775,7 @@ def test_a_segment_is_not_reused_while_a_consumer_process_keeps_its_array(
     expected = [expected_record(i) for i in range(ARRAY_ITEMS)]
     assert json.loads(outs[0].read_text()) == expected
     assert [record[0] for record in json.loads(outs[1].read_text())] == expected
-    assert not owner_segments()
+    assert not left_after([])
 
 
 def small_array(i: int) -> Any:
@@ -772,26 +822,29 @@ def test_a_full_dev_shm_gives_consumer_processes_their_items_through_their_socke
     assert got == [[[i, None] for i in range(20)]] * 2
 
 
-def serve_arrays_for_a_while(address: str) -> None:
-    fan = FanOut(MapIterator(native_range(10**6), array_item), 2, max_lag=4)
+def serve_arrays_for_a_while(address: str, made: str) -> None:
+    fan = FanOut(MapIterator(native_range(10**6), MADE[made]), 2, max_lag=4)
     fan.serve(address)
     fan.consumer(1)  # never read: consumer 0 waits, its items kept for consumer 1
     time.sleep(60)
 
 
+@pytest.mark.parametrize("made", MADE)
 def test_segments_of_an_owner_killed_with_sigkill_are_removed_by_its_consumers(
-    tmp_path: Path,
+    made: str, tmp_path: Path
 ) -> None:
     address = str(tmp_path / "fan.sock")
     owner = multiprocessing.get_context("spawn").Process(
-        target=serve_arrays_for_a_while, args=(address,)
+        target=serve_arrays_for_a_while, args=(address, made)
     )
     owner.start()
     try:
         consumer = attach(address, 0, timeout=30, prefetch=2)
         kept = next(consumer)["array"]
         prefix = f"ibl_{owner.pid}_"
-        assert [name for name in os.listdir("/dev/shm") if name.startswith(prefix)]
+        made_there = f"{prefix}t{segments.tracker_id()}_a"  # the owner's shared_empty arrays
+        left = [name for name in os.listdir("/dev/shm") if name.startswith(prefix)]
+        assert any(name.startswith(made_there) for name in left) == (made == "in shared memory")
         owner.kill()
         owner.join()  # not left a zombie, which would look alive
         with pytest.raises(WorkerError, match="closed or died"):
