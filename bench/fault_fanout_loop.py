@@ -4,7 +4,9 @@ the pipeline of `fault_loop.py` to consumer processes, each a training loop of i
 ``python bench/fault_fanout_loop.py owner WORKDIR CORPUS --consumers C --start-method M
 --prefetch-mode P --nesting {flat,nested} [--arrays]`` builds the pipeline of
 ``fault_loop.py`` (``build_pipeline``; with ``--arrays`` its items carry numpy arrays,
-which the consumers map from the owner's shared memory), serves it in ``"replicate"``
+which the consumers map from the owner's shared memory: every other item's array is
+moved into an array made there, `shared_empty`, which is sent where it lies, and the
+others are copied into the fan-out's own segments), serves it in ``"replicate"``
 mode at ``WORKDIR/fan.sock`` and exits once every consumer has closed (or on SIGTERM). A
 restarted owner (its predecessor killed with SIGKILL) serves where its predecessor did
 (`serve` replaces the socket file a dead owner left); it starts its pipeline from the
@@ -41,16 +43,31 @@ from fault_loop import CHECKPOINTS, STEP_SECONDS, build_pipeline, loggable  # no
 
 from infinibatch_like import (  # noqa: E402
     FanOut,
+    MapIterator,
     WorkerError,
     attach,
     load_checkpoint,
     save_checkpoint,
+    shared_empty,
 )
 
 SOCKET = "fan.sock"
 ATTACHED = "attached.log"
 OWNER_RESTARTS = 10
 """How many times a consumer re-attaches after losing its owner before it gives up."""
+
+
+def half_in_shared_memory(batch: list[Any]) -> list[Any]:
+    """`batch`, the arrays of its even items moved into arrays made in shared memory (the
+    same values)."""
+    moved = []
+    for index, item in enumerate(batch):
+        if len(item) > 2 and index % 2 == 0:
+            array = shared_empty(item[2].shape, item[2].dtype)
+            array[...] = item[2]
+            item = [*item[:2], array]
+        moved.append(item)
+    return moved
 
 
 def owner(args: argparse.Namespace) -> None:
@@ -62,6 +79,8 @@ def owner(args: argparse.Namespace) -> None:
     pipeline = build_pipeline(
         args.corpus, args.start_method, args.prefetch_mode, args.nesting, args.arrays
     )
+    if args.arrays:
+        pipeline = MapIterator(pipeline, half_in_shared_memory)
     with FanOut(pipeline, args.consumers, max_lag=4, timeout=60) as fan:
         fan.serve(str(address))
         while not fan.closed:

@@ -44,6 +44,10 @@ SWEEP_S = 5.0
 """How often the server looks for dead processes that hold segments (seconds)."""
 
 _SERVERS: weakref.WeakSet[Server] = weakref.WeakSet()
+_LISTENERS: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+"""Every listening socket of this process's servers, from its creation: a child forked
+while its server is being set up (by another thread) closes it too, or it would keep
+answering at the address once the owner died."""
 
 
 class _Reply:
@@ -427,9 +431,8 @@ class Server(Resource):
             self._thread.join(THREAD_STOP_S)
 
     def forget(self) -> None:
-        """In a forked child: close the inherited sockets and descriptors, leaving the
-        parent's alone."""
-        self._listener.close()
+        """In a forked child: close the inherited sockets and descriptors (the listening
+        socket is closed with every other of `_LISTENERS`), leaving the parent's alone."""
         for connection in list(self._clients):
             connection.close()
         self._selector.close()
@@ -455,6 +458,7 @@ def _listening(address: str) -> socket.socket:
     """A socket bound to `address`, where the socket file of an owner that died (nothing
     answers there) is replaced; ValueError where another owner serves or a file is."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    _LISTENERS.add(listener)
     try:
         try:
             listener.bind(address)
@@ -498,6 +502,9 @@ def _remove_dead_socket(address: str) -> None:
 
 
 def _after_fork_in_child() -> None:
+    for listener in list(_LISTENERS):
+        listener.close()
+    _LISTENERS.clear()
     for server in list(_SERVERS):
         server.forget()
     _SERVERS.clear()

@@ -28,7 +28,10 @@ import os
 import threading
 import weakref
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # numpy is needed to make arrays, not to import this module
+    from numpy.typing import NDArray
 
 from . import segments, shm
 
@@ -66,7 +69,7 @@ def names_prefix(pid: int, tracker: str) -> str:
     return f"{segments.names_prefix(pid)}t{tracker}_a"
 
 
-def shared_empty(shape: int | tuple[int, ...], dtype: Any = float) -> Any:
+def shared_empty(shape: int | tuple[int, ...], dtype: Any = float) -> NDArray[Any]:
     """A new numpy array of `shape` and `dtype`, its values unset, in shared memory: a
     `FanOut` sends it to consumer processes without copying it.
 
@@ -77,7 +80,7 @@ def shared_empty(shape: int | tuple[int, ...], dtype: Any = float) -> Any:
     return _allocated(shape, dtype, zeroed=False)
 
 
-def shared_zeros(shape: int | tuple[int, ...], dtype: Any = float) -> Any:
+def shared_zeros(shape: int | tuple[int, ...], dtype: Any = float) -> NDArray[Any]:
     """A new numpy array of `shape` and `dtype`, filled with zeros, in shared memory (see
     `shared_empty`).
 
@@ -95,7 +98,7 @@ def empty_shared_pool() -> None:
         _pool.clear()
 
 
-def _allocated(shape: int | tuple[int, ...], dtype: Any, zeroed: bool) -> Any:
+def _allocated(shape: int | tuple[int, ...], dtype: Any, zeroed: bool) -> NDArray[Any]:
     import numpy as np
 
     dtype = np.dtype(dtype)
@@ -113,7 +116,7 @@ def _allocated(shape: int | tuple[int, ...], dtype: Any, zeroed: bool) -> Any:
         return np.zeros(shape, dtype) if zeroed else np.empty(shape, dtype)
     buffer = shared.segment.memory.buffer(segments.HEADER, shared.capacity)
     weakref.finalize(buffer, _on_collected, shared.name)
-    array = shm.array_over(buffer, dtype, shape, "C")
+    array: NDArray[Any] = shm.array_over(buffer, dtype, shape, "C")
     if zeroed:
         array.fill(0)
     return array

@@ -33,7 +33,7 @@ from infinibatch_like import (
     empty_shared_pool,
     shared_empty,
 )
-from infinibatch_like.background import segments, shm_arrays
+from infinibatch_like.background import segments, shm_arrays, shm_broadcast
 from infinibatch_like.iterators import MapIterator, NativeCheckpointableIterator
 from infinibatch_like.testing import assert_checkpointable, check_resume
 
@@ -572,6 +572,41 @@ def test_a_refused_attach_closes_its_connection_at_once(tmp_path: Path) -> None:
     # the error, its traceback and the frames in it are still alive: no collector has run
     assert refused.value.__traceback__ is not None
     assert fd_targets() == fds
+
+
+def send_fd_targets(out: Any) -> None:
+    out.send(sorted(fd_targets().values()))
+
+
+def test_a_child_forked_while_the_owner_starts_serving_does_not_keep_its_socket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pipeline's worker processes may be forked by another thread while `serve` sets
+    # up (here: as the server makes its shared memory); a child that kept the listening
+    # socket would answer at the address after the owner died, and a restarted owner
+    # would refuse to serve there ("another owner serves").
+    children: list[tuple[Any, Any]] = []
+    setting_up = shm_broadcast.Broadcast.__init__
+
+    def fork_meanwhile(broadcast: shm_broadcast.Broadcast) -> None:
+        reader, writer = multiprocessing.Pipe(duplex=False)
+        child = multiprocessing.get_context("fork").Process(
+            target=send_fd_targets, args=(writer,)
+        )
+        child.start()
+        children.append((child, reader))
+        setting_up(broadcast)
+
+    monkeypatch.setattr(shm_broadcast.Broadcast, "__init__", fork_meanwhile)
+    before = set(fd_targets().values())
+    with FanOut(upstream(3), 1) as fan:
+        fan.serve(str(tmp_path / "fan.sock"))
+        sockets = {t for t in fd_targets().values() if t.startswith("socket:")} - before
+        assert children
+        for child, reader in children:
+            inherited = set(reader.recv())
+            child.join(30)
+            assert not inherited & sockets, "the child kept the owner's listening socket"
 
 
 def test_attaching_a_taken_consumer_is_refused_and_the_owner_closes_cleanly(
