@@ -1,14 +1,18 @@
 """Fan-out: what it costs several consumers to read one pipeline, against each its own.
 
 ``python bench/bench_fanout.py [--quick] [--batches N] [--consumers K] [--start-method M]
-[--format {tokens,arrays}] [--min-kib KIB] [--prefetch P]``
+[--tokenizer {whitespace,bpe}] [--format {tokens,arrays}] [--min-kib KIB]
+[--shared-arrays] [--prefetch P]``
 
-The pipeline is P1 of ``bench_pipeline.py`` (chunked gzip text, shuffle buffer, tokenized,
-bucketed batches of about 2048 tokens) over the bench corpus. Every scenario consumes N
-batches per consumer, each batch dropped once taken, as a training loop that hands it to
-its model does; the CPU time counted is this process's, plus its children's (the loops
-of consumer processes, started with forkserver unless ``--start-method`` says otherwise,
-shown apart) where there are some:
+The pipeline is P1 of ``bench_pipeline.py`` (chunked gzip text, shuffle buffer,
+tokenized, bucketed batches of about 2048 tokens) over the bench corpus; with
+``--tokenizer bpe``, the P1 variant of ``bench_batched.py`` whose tokenizer is a real
+one (a BPE of the ``tokenizers`` package trained at start-up on the corpus, called once
+per 1,000 lines with ``encode_batch_fast`` on this thread), whose batches are lists of
+token ids. Every scenario consumes N batches per consumer, each batch dropped once
+taken, as a training loop that hands it to its model does; the CPU time counted is this
+process's, plus its children's (the loops of consumer processes, started with forkserver
+unless ``--start-method`` says otherwise, shown apart) where there are some:
 
 - ``one pipeline``: one consumer, one pipeline (the unit of the ratios);
 - ``K independent pipelines``: what K consumers cost without a fan-out (about K x);
@@ -40,6 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 import _util
+import bench_batched
 import bench_pipeline
 import numpy as np
 from _util import median, print_table, ratio, verdict, write_result
@@ -51,16 +56,21 @@ from infinibatch_like import FanOut, attach, shared_zeros
 TARGET = 1.25
 
 
-def as_array(batch: list[list[str]]) -> Any:
-    """A batch as a model takes it: a padded int32 array (a token's id here is its
-    length, a stand-in for a vocabulary lookup), padded to at least ``--min-kib`` KiB."""
+def as_array(batch: list[list[Any]]) -> Any:
+    """A batch as a model takes it: a padded int32 array of its token ids (P1's own
+    tokens, strings, stand for the id of their length), padded to at least ``--min-kib``
+    KiB."""
     width = max(len(line) for line in batch)
     width = max(width, -(-_min_bytes[0] // (4 * len(batch))))
     zeros = shared_zeros if _shared[0] else np.zeros
     array = zeros((len(batch), width), dtype=np.int32)
     for row, line in enumerate(batch):
-        array[row, : len(line)] = [len(token) for token in line]
+        array[row, : len(line)] = [len(token) for token in line] if _strings(line) else line
     return array
+
+
+def _strings(line: list[Any]) -> bool:
+    return bool(line) and isinstance(line[0], str)
 
 
 FORMATS = ("tokens", "arrays")
@@ -68,14 +78,20 @@ _format = ["tokens"]
 _min_bytes = [0]
 _shared = [False]
 """Whether arrays are made in shared memory (`shared_zeros`), whatever the scenario."""
+_tokenizer: list[Any] = [None]
+"""The BPE tokenizer of ``--tokenizer bpe`` (None: P1's whitespace split)."""
 _prefetch = [32]
 """Items a consumer process receives per round trip to the owner, at most (``max_lag`` is
 twice as many, so that a consumer does not wait for the others to take its last answer)."""
 
 
 def pipeline(lib: _util.Library, chunks: list[str]) -> Any:
-    """P1, whose batches are token lists, or arrays with ``--format arrays``."""
-    batches = make_pipeline(lib, chunks)
+    """P1 (or its BPE variant), whose batches are token lists, or arrays with ``--format
+    arrays``."""
+    if _tokenizer[0] is None:
+        batches = make_pipeline(lib, chunks)
+    else:
+        batches = bench_batched.pipeline(lib, chunks, _tokenizer[0], "fast")
     if _format[0] == "arrays":
         return lib.iterators.MapIterator(batches, as_array)
     return batches
@@ -84,6 +100,8 @@ def pipeline(lib: _util.Library, chunks: list[str]) -> Any:
 def batch_digest(batch: Any) -> bytes:
     if isinstance(batch, np.ndarray):
         return hashlib.blake2b(batch.tobytes(), digest_size=16).digest()
+    if not _strings(batch[0]):  # token ids
+        return hashlib.blake2b(repr(batch).encode(), digest_size=16).digest()
     return bench_pipeline.batch_digest(batch)
 
 
@@ -201,6 +219,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--consumers", type=int, default=4)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument(
+        "--tokenizer",
+        choices=("whitespace", "bpe"),
+        default="whitespace",
+        help="P1's whitespace split, or a BPE of the tokenizers package trained at start-up "
+        "(the P1 variant of bench_batched.py: batches of token ids)",
+    )
+    parser.add_argument(
         "--format",
         choices=FORMATS,
         default="tokens",
@@ -242,9 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     batches = args.batches or (300 if args.quick else 1500)
     k, method = args.consumers, args.start_method
     chunks = build_corpus(lines)
+    if args.tokenizer == "bpe":
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # its calls on this thread alone
+        _tokenizer[0] = bench_batched.train_tokenizer(chunks[:2], 8000)
     lib = _util.load_libraries(["infinibatch_like"])["infinibatch_like"]
     print(
-        f"P1 over {lines:,} lines, batches as {args.format}"
+        f"P1 ({args.tokenizer} tokenizer) over {lines:,} lines, batches as {args.format}"
         + (f" of at least {args.min_kib} KiB" if args.min_kib else "")
         + f"; {batches} batches per "
         f"consumer; {k} consumers; consumer "
@@ -321,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     write_result(
         f"fanout-{args.format}"
+        + ("-bpe" if args.tokenizer == "bpe" else "")
         + (f"-{args.min_kib}kib" if args.min_kib else "")
+        + ("-shared" if args.shared_arrays else "")
         + (f"-prefetch{args.prefetch}" if args.prefetch != 32 else "")
         + ("-quick" if args.quick else ""),
         {

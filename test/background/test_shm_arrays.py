@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,16 @@ pytestmark = pytest.mark.skipif(not segments.ENABLED, reason="no /dev/shm")
 
 LARGE = shm.THRESHOLD // 4
 """int32 values in the smallest array made in shared memory."""
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_after_each_test() -> Iterator[None]:
+    """Each test's arrays, once collected, leave no segment behind (pool emptied)."""
+    yield
+    gc.collect()
+    empty_shared_pool()
+    prefix = shm_arrays.names_prefix(os.getpid(), segments.tracker_id())
+    assert not [name for name in os.listdir(segments.SHM_DIR) if name.startswith(prefix)]
 
 
 def place(array: Any) -> tuple[str, int] | None:
