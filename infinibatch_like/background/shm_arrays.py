@@ -28,6 +28,7 @@ import os
 import threading
 import weakref
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # numpy is needed to make arrays, not to import this module
@@ -69,7 +70,7 @@ def names_prefix(pid: int, tracker: str) -> str:
     return f"{segments.names_prefix(pid)}t{tracker}_a"
 
 
-def shared_empty(shape: int | tuple[int, ...], dtype: Any = float) -> NDArray[Any]:
+def shared_empty(shape: int | Sequence[int], dtype: Any = float) -> NDArray[Any]:
     """A new numpy array of `shape` and `dtype`, its values unset, in shared memory: a
     `FanOut` sends it to consumer processes without copying it.
 
@@ -80,7 +81,7 @@ def shared_empty(shape: int | tuple[int, ...], dtype: Any = float) -> NDArray[An
     return _allocated(shape, dtype, zeroed=False)
 
 
-def shared_zeros(shape: int | tuple[int, ...], dtype: Any = float) -> NDArray[Any]:
+def shared_zeros(shape: int | Sequence[int], dtype: Any = float) -> NDArray[Any]:
     """A new numpy array of `shape` and `dtype`, filled with zeros, in shared memory (see
     `shared_empty`).
 
@@ -90,7 +91,9 @@ def shared_zeros(shape: int | tuple[int, ...], dtype: Any = float) -> NDArray[An
 
 def empty_shared_pool() -> None:
     """Unlink this process's unused segments now (those in use are pooled again once
-    nobody holds them)."""
+    nobody holds them).
+
+    Checkpoint: no state."""
     with _lock:
         _collect()
         for shared in [shared for shared in _by_name.values() if shared.holds == 0]:
@@ -98,28 +101,32 @@ def empty_shared_pool() -> None:
         _pool.clear()
 
 
-def _allocated(shape: int | tuple[int, ...], dtype: Any, zeroed: bool) -> NDArray[Any]:
+def _allocated(shape: int | Sequence[int], dtype: Any, zeroed: bool) -> NDArray[Any]:
     import numpy as np
 
     dtype = np.dtype(dtype)
-    try:
-        shape = (operator.index(shape),)  # type: ignore[arg-type]
-    except TypeError:
-        shape = tuple(shape)  # type: ignore[arg-type]
-    size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    dims = _dims(shape)
+    size = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
     shared = None
     if segments.ENABLED and size >= shm.THRESHOLD and not dtype.hasobject:
         with _lock:
             _collect()
             shared = _taken(segments.size_class(size))
     if shared is None:
-        return np.zeros(shape, dtype) if zeroed else np.empty(shape, dtype)
+        return np.zeros(dims, dtype) if zeroed else np.empty(dims, dtype)
     buffer = shared.segment.memory.buffer(segments.HEADER, shared.capacity)
     weakref.finalize(buffer, _on_collected, shared.name)
-    array: NDArray[Any] = shm.array_over(buffer, dtype, shape, "C")
+    array: NDArray[Any] = shm.array_over(buffer, dtype, dims, "C")
     if zeroed:
         array.fill(0)
     return array
+
+
+def _dims(shape: Any) -> tuple[int, ...]:
+    """`shape` as a tuple of ints (an int, numpy's included, is one dimension)."""
+    if hasattr(shape, "__index__"):
+        return (operator.index(shape),)
+    return tuple(operator.index(length) for length in shape)
 
 
 def _taken(capacity: int) -> _Shared | None:
