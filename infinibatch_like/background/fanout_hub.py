@@ -111,9 +111,9 @@ class Hub:
             return self.head
         taken = self.taken
         counts = [taken[i] - self.lent[i] for i in holding] if lent else [taken[i] for i in holding]
-        if self.mode == "replicate":
+        if self.mode == "replicate":  # the index is the count: no call per consumer
             return min(counts)
-        return min(count * self.consumers + i for count, i in zip(counts, holding, strict=True))
+        return min(self.next_index(i, count) for count, i in zip(counts, holding, strict=True))
 
     def _least(self, holding: list[int]) -> int | None:
         """The fewest items a consumer of `holding` has taken (None: none holds)."""

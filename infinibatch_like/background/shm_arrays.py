@@ -44,7 +44,7 @@ class _Shared:
 
     def __init__(self, segment: segments.Segment) -> None:
         self.segment, self.name, self.capacity = segment, segment.name, segment.capacity
-        self.address = segment.memory.address + segments.HEADER
+        self.address: int = segment.memory.address + segments.HEADER
         """Where its data starts in this process."""
         self.holds = 0
         self.retired = False
@@ -53,9 +53,8 @@ class _Shared:
 
 _lock = threading.Lock()
 _by_name: dict[str, _Shared] = {}
-_starts: list[int] = []
-"""The data addresses of the segments in `_by_name`, sorted."""
-_by_start: dict[int, _Shared] = {}
+_by_address: list[_Shared] = []
+"""The segments of `_by_name`, sorted by the address of their data."""
 _pool: segments.Pool[_Shared] = segments.Pool()
 _collected: deque[str] = deque()
 """The segments whose arrays were all collected, not yet let go (a collection may happen
@@ -152,24 +151,27 @@ def _taken(capacity: int) -> _Shared | None:
             return None
         shared = _Shared(segment)
         _by_name[name] = shared
-        bisect.insort(_starts, shared.address)
-        _by_start[shared.address] = shared
+        bisect.insort(_by_address, shared, key=_address)
     shared.holds = 1
     return shared
+
+
+def _address(shared: _Shared) -> int:
+    return shared.address
 
 
 def place_of(array: Any, order: str) -> tuple[str, int] | None:
     """The segment of this process's pool that numpy array `array` lies in (contiguous in
     `order`), and its offset in it; None if it lies elsewhere."""
     contiguous = array.flags.c_contiguous if order == "C" else array.flags.f_contiguous
-    if not _starts or not contiguous:
+    if not _by_address or not contiguous:
         return None
     address = array.__array_interface__["data"][0]
     with _lock:
-        index = bisect.bisect_right(_starts, address) - 1
+        index = bisect.bisect_right(_by_address, address, key=_address) - 1
         if index < 0:
             return None
-        shared = _by_start[_starts[index]]
+        shared = _by_address[index]
         offset = address - shared.address
         if offset + array.nbytes > shared.capacity or shared.holds == 0:
             return None
@@ -221,8 +223,7 @@ def _release(shared: _Shared) -> None:
 def _forget(shared: _Shared) -> None:
     """Unlink segment `shared` and drop it (unmapped once its last view is collected)."""
     del _by_name[shared.name]
-    del _by_start[shared.address]
-    _starts.remove(shared.address)
+    _by_address.remove(shared)
     segments.unlink_name(shared.name)
 
 
@@ -236,8 +237,7 @@ def _unlink_all(pid: int) -> None:
 def _after_fork_in_child() -> None:
     """A forked child makes segments of its own; its parent's stay its parent's."""
     _by_name.clear()
-    _starts.clear()
-    _by_start.clear()
+    _by_address.clear()
     _pool.clear()
     _collected.clear()
     _created[0] = 0

@@ -167,9 +167,10 @@ class Broadcast(shm.Sender):
     def close(self) -> None:
         """Unlink every segment of its own (receivers' mappings stay valid), and let go of
         those of `shm_arrays` for good (receivers may map them still). Idempotent."""
+        shared = [name for name in self._holds if name not in self._segments]
         for name in list(self._segments):
             self._unlink(name)
-        for name in [name for name in self._holds if name not in self._segments]:
+        for name in shared:
             shm_arrays.let_go(name, retire=True)
         self._holds.clear()
         self._held_by.clear()
